@@ -1,0 +1,167 @@
+"""FastAPI app factory: routes, the one error → HTTP mapping, lifespan-owned resources."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import httpx
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from proxy.config import Settings
+from proxy.errors import ConfigError, InvalidRequest, PayloadTooLarge, ProxyError
+from proxy.observe import AuditLog, Metrics
+from proxy.prompts import PromptStore
+from proxy.schemas import ScoreRequest, ScoreResponse
+from proxy.scoring import BackendRegistry, Scorer
+from proxy.upstream import UpstreamClient
+
+log = logging.getLogger("vlm_reward_proxy")
+
+
+def error_response(err: ProxyError, request_id: str | None) -> JSONResponse:
+    headers = {"x-request-id": request_id} if request_id else {}
+    retry_after = getattr(err, "retry_after_s", None)
+    if err.status_code in (429, 503) and retry_after is not None:
+        headers["retry-after"] = str(max(1, round(retry_after)))
+    return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
+
+
+def _validation_error(exc: RequestValidationError, request_id: str | None) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or None
+    message = f"{field}: {first['msg']}" if field else str(first["msg"])
+    return error_response(InvalidRequest(message, field=field), request_id)
+
+
+class BodySizeLimit:
+    """Refuse bodies over the cap before reading them (Content-Length) or while streaming them."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            response = error_response(self._too_large(), None)
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await error_response(self._too_large(), None)(scope, receive, send)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body is over the {self.max_bytes // 2**20} MiB cap "
+                               "(proxy.max_body_mb)")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def get_scorer(request: Request) -> Scorer:
+    return request.app.state.scorer
+
+
+ScorerDep = Annotated[Scorer, Depends(get_scorer)]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    prompts = PromptStore(settings.proxy.prompts_dir)
+    for name, backend in settings.backends.items():
+        try:
+            prompts.get(backend.prompt)
+        except ProxyError as err:
+            raise ConfigError(f"backends.{name}.prompt: {err.message}") from err
+    for warning in settings.warnings():
+        log.warning(warning)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # One pool for every upstream call; per-call timeouts come from each backend's config.
+        async with httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            timeout=httpx.Timeout(120.0, connect=5.0),
+            trust_env=False,  # upstreams are addressed directly; env proxies would reroute them
+        ) as http:
+            metrics = Metrics()
+            upstream = UpstreamClient(http)
+            registry = BackendRegistry(settings)
+            app.state.settings = settings
+            app.state.metrics = metrics
+            app.state.registry = registry
+            app.state.upstream = upstream
+            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics,
+                                      AuditLog(settings.proxy.audit_log))
+            yield
+
+    app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next):
+        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        response = await call_next(request)
+        response.headers.setdefault("x-request-id", request.state.request_id)
+        return response
+
+    @app.exception_handler(ProxyError)
+    async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        return error_response(exc, getattr(request.state, "request_id", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc, getattr(request.state, "request_id", None))
+
+    @app.post("/score", response_model=ScoreResponse)
+    async def score(body: ScoreRequest, scorer: ScorerDep) -> ScoreResponse:
+        return await scorer.score(body)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        return await _health(request.app)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(BodySizeLimit, max_bytes=int(settings.proxy.max_body_mb * 2**20))
+    return app
+
+
+async def _health(app: FastAPI) -> JSONResponse:
+    """Proxy is up; each backend is ready when any endpoint's /health and /v1/models say so."""
+    settings: Settings = app.state.settings
+    registry: BackendRegistry = app.state.registry
+    upstream: UpstreamClient = app.state.upstream
+    timeout = settings.proxy.health_timeout_s
+    checks = [(b, e) for b in registry.backends.values() for e in b.pool.endpoints]
+    results = await asyncio.gather(*(upstream.check(e, b.config.model, timeout) for b, e in checks))
+    backends: dict[str, Any] = {}
+    for (backend, endpoint), result in zip(checks, results, strict=True):
+        entry = backends.setdefault(backend.name, {"model": backend.config.model,
+                                                   "aliases": backend.config.aliases,
+                                                   "ready": False, "endpoints": []})
+        entry["endpoints"].append({"url": endpoint.base_url, "in_flight": endpoint.in_flight, **result})
+        entry["ready"] = entry["ready"] or result["ready"]
+    ready = [b["ready"] for b in backends.values()]
+    status = "ok" if all(ready) else ("degraded" if any(ready) else "unavailable")
+    return JSONResponse({"status": status, "backends": backends}, status_code=200 if any(ready) else 503)

@@ -1,0 +1,222 @@
+"""The one validated configuration model, loaded from one YAML file.
+
+Defaults live here and nowhere else. Every model forbids unknown keys, so a typo fails at
+start-up with the dotted path of the bad key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from proxy.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+Layout = Literal["qwen_video", "primo_interleave", "images"]
+ScoreMode = Literal["auto", "percentage", "unit", "binary"]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProxySettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(18080, ge=0, le=65535)
+    # video_path is only read under these roots (after resolving symlinks); empty = no paths.
+    allowed_media_roots: list[Path] = Field(default_factory=list)
+    max_body_mb: float = Field(64.0, gt=0)
+    # Caps on what one request may ask for, whatever the backend defaults say.
+    max_nframes: PositiveInt = 128
+    max_inline_frames: PositiveInt = 2048
+    max_pixels_limit: PositiveInt = 1_605_632  # 2048 * 28 * 28
+    max_source_pixels: PositiveInt = 4096 * 4096  # decoded frame size cap (decompression bombs)
+    prompts_dir: Path = Path("prompts")
+    audit_log: Path | None = None
+    # Bounded wait for a backend's /health and /v1/models when /health is asked.
+    health_timeout_s: float = Field(2.0, gt=0)
+
+
+class SamplingConfig(_Strict):
+    """Sent explicitly on every request: vLLM fills omitted fields from generation_config.json."""
+
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # 0 = disabled in vLLM
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    max_tokens: PositiveInt = 64
+    seed: int | None = 0
+
+
+class FramesConfig(_Strict):
+    nframes: PositiveInt = 16
+    max_pixels: PositiveInt = 200_704  # 256 * 28 * 28
+    min_pixels: PositiveInt = 3_136  # 4 * 28 * 28, Qwen2.5-VL's video floor
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    # Rate of inline frames when the request does not say (RLinf's seed used video_fps 4).
+    default_source_fps: float = Field(4.0, gt=0)
+
+    @model_validator(mode="after")
+    def _pixels_ordered(self) -> FramesConfig:
+        if self.min_pixels > self.max_pixels:
+            raise ValueError("min_pixels must be <= max_pixels")
+        return self
+
+
+class RetryConfig(_Strict):
+    attempts: PositiveInt = 4  # upstream tries per ask (transport errors, 429, 5xx)
+    parse_attempts: PositiveInt = 2  # asks when the reply has no score
+    backoff_s: tuple[float, float] = (0.05, 5.0)  # first wait, cap; jittered exponential
+    timeout_s: float = Field(120.0, gt=0)  # one upstream call
+    deadline_s: float = Field(300.0, gt=0)  # the whole /score, all retries included
+    # Re-ask after an unparseable reply with this temperature (None = unchanged).
+    parse_retry_temperature: float | None = Field(None, ge=0.0, le=2.0)
+
+    @field_validator("backoff_s")
+    @classmethod
+    def _backoff_ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= v[0] <= v[1]:
+            raise ValueError("backoff_s must be [first, cap] with 0 <= first <= cap")
+        return v
+
+
+class ReplicaLaunch(_Strict):
+    gpus: list[Annotated[int, Field(ge=0)]]
+    port: int = Field(ge=1, le=65535)
+
+
+class LaunchConfig(_Strict):
+    """How `vlm-reward-proxy up` starts this backend's `vllm serve` processes."""
+
+    model_path: str
+    replicas: list[ReplicaLaunch] = Field(min_length=1)
+    tensor_parallel_size: PositiveInt = 1
+    host: str = "127.0.0.1"
+    max_model_len: PositiveInt = 32768
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    limit_mm_per_prompt: dict[str, int] | None = None  # None = derived from the layout
+    seed: int = 0
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _gpus_match_tp(self) -> LaunchConfig:
+        for i, replica in enumerate(self.replicas):
+            if len(replica.gpus) != self.tensor_parallel_size:
+                raise ValueError(
+                    f"replicas[{i}].gpus has {len(replica.gpus)} GPUs but "
+                    f"tensor_parallel_size is {self.tensor_parallel_size}"
+                )
+        return self
+
+
+class BackendConfig(_Strict):
+    model: str  # the served-model-name
+    aliases: list[str] = Field(default_factory=list)
+    endpoints: list[str] = Field(min_length=1)  # OpenAI base URLs, e.g. http://127.0.0.1:8001/v1
+    api_key_env: str | None = None  # name of the env var holding the bearer token
+    layout: Layout
+    prompt: str
+    sampling: SamplingConfig = SamplingConfig()
+    max_tokens_limit: PositiveInt = 4096  # cap for per-request max_tokens overrides
+    frames: FramesConfig = FramesConfig()
+    score_mode: ScoreMode = "auto"
+    retry: RetryConfig = RetryConfig()
+    # Per-request media_io_kwargs need `vllm serve --trust-request-mm-kwargs`. Turning this off
+    # is for servers started without it: vLLM then keeps at most its --media-io-kwargs
+    # num_frames (32 by default) and assumes fps 1.
+    request_mm_kwargs: bool = True
+    # When set, requests whose estimated prompt + max_tokens exceed it fail before sending.
+    max_model_len: PositiveInt | None = None
+    launch: LaunchConfig | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints_are_http(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in v]
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class Settings(_Strict):
+    proxy: ProxySettings = ProxySettings()
+    backends: dict[str, BackendConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> Settings:
+        seen: dict[str, str] = {}
+        for name, backend in self.backends.items():
+            for label in (name, *backend.aliases):
+                if label in seen and seen[label] != name:
+                    raise ValueError(f"name {label!r} is used by backends {seen[label]!r} and {name!r}")
+                seen[label] = name
+        return self
+
+    def warnings(self) -> list[str]:
+        return [
+            f"backend {name!r}: request_mm_kwargs is off; vLLM will use its server defaults "
+            "(at most --media-io-kwargs num_frames, 32 unless set, and fps 1.0)"
+            for name, backend in self.backends.items()
+            if not backend.request_mm_kwargs
+        ]
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for item in err.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        lines.append(f"  {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def settings_from_dict(data: dict, *, base_dir: Path | None = None, source: str = "<dict>") -> Settings:
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from err
+    if base_dir is not None:
+        settings = _resolve_paths(settings, base_dir)
+    return settings
+
+
+def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
+    """Relative paths in a config file are relative to that file, not to the working dir."""
+
+    def resolve(p: Path) -> Path:
+        return p if p.is_absolute() else (base_dir / p).resolve()
+
+    proxy = settings.proxy.model_copy(
+        update={
+            "prompts_dir": resolve(settings.proxy.prompts_dir),
+            "allowed_media_roots": [resolve(r) for r in settings.proxy.allowed_media_roots],
+            "audit_log": resolve(settings.proxy.audit_log) if settings.proxy.audit_log else None,
+        }
+    )
+    return settings.model_copy(update={"proxy": proxy})
+
+
+def load_settings(path: str | Path) -> Settings:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping with 'proxy' and 'backends'")
+    return settings_from_dict(data, base_dir=path.parent.resolve(), source=str(path))

@@ -1,0 +1,297 @@
+"""Episode frames: load (video file or inline), sample, resize to the pixel budget, JPEG-encode.
+
+Everything here is blocking CPU work; `scoring.py` runs `prepare_frames` in a worker thread so
+the event loop keeps serving. Frames are RGB uint8 arrays throughout.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from proxy.errors import InvalidRequest, MediaDecodeError, MediaForbidden, MediaNotFound
+
+# Qwen2.5-VL: 14-pixel patches merged 2×2, so sides are multiples of 28.
+PATCH_FACTOR = 28
+MAX_ASPECT_RATIO = 200
+
+
+# -- sampling and resizing rules ------------------------------------------------------------------
+def sample_indices(source_count: int, nframes: int) -> list[int]:
+    """`nframes` indices spread uniformly over the episode, always keeping the first and last.
+
+    Fewer frames than asked → all of them. One frame → the last (the final state is where
+    success shows). Rounds half up: numpy's half-to-even could repeat an index.
+    """
+    if source_count <= 0:
+        raise ValueError("no frames to sample from")
+    if nframes <= 0:
+        raise ValueError("nframes must be positive")
+    if nframes >= source_count:
+        return list(range(source_count))
+    if nframes == 1:
+        return [source_count - 1]
+    step = (source_count - 1) / (nframes - 1)
+    return [int(math.floor(i * step + 0.5)) for i in range(nframes)]
+
+
+def _round_by(x: float, factor: int) -> int:
+    return round(x / factor) * factor
+
+
+def _floor_by(x: float, factor: int) -> int:
+    return math.floor(x / factor) * factor
+
+
+def _ceil_by(x: float, factor: int) -> int:
+    return math.ceil(x / factor) * factor
+
+
+def smart_resize(
+    height: int, width: int, *, factor: int = PATCH_FACTOR, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen's rule: sides multiples of `factor`, area within [min_pixels, max_pixels], aspect kept.
+
+    Returns (height, width). Must agree with qwen_vl_utils.smart_resize (parity-tested).
+    """
+    if min(height, width) <= 0:
+        raise ValueError(f"frame size {width}x{height} is empty")
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"aspect ratio of {width}x{height} is over {MAX_ASPECT_RATIO}, Qwen cannot take it"
+        )
+    h_bar = max(factor, _round_by(height, factor))
+    w_bar = max(factor, _round_by(width, factor))
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, _floor_by(height / beta, factor))
+        w_bar = max(factor, _floor_by(width / beta, factor))
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = _ceil_by(height * beta, factor)
+        w_bar = _ceil_by(width * beta, factor)
+    return h_bar, w_bar
+
+
+def resize_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+    if frame.shape[0] == height and frame.shape[1] == width:
+        return frame
+    shrinking = height * width < frame.shape[0] * frame.shape[1]
+    # INTER_AREA is the alias-free choice for shrinking; cubic for the rare upscale.
+    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC
+    return cv2.resize(frame, (width, height), interpolation=interpolation)
+
+
+def encode_jpeg(frame_rgb: np.ndarray, quality: int) -> bytes:
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise MediaDecodeError("JPEG encoding failed")
+    return buf.tobytes()
+
+
+# -- what a request asks for, and what comes out ----------------------------------------------------
+@dataclass(frozen=True)
+class FrameLimits:
+    nframes: int
+    max_pixels: int
+    min_pixels: int
+    jpeg_quality: int
+    default_source_fps: float
+    max_inline_frames: int
+    max_source_pixels: int
+
+
+@dataclass(frozen=True)
+class EncodedFrames:
+    jpegs: list[bytes]
+    indices: list[int]  # into the source episode
+    source_count: int
+    width: int
+    height: int
+    sampled_fps: float  # the rate of the frames sent: what vLLM should be told
+    load_ms: float
+    encode_ms: float
+
+    @property
+    def base64_frames(self) -> list[str]:
+        return [base64.b64encode(j).decode("ascii") for j in self.jpegs]
+
+    @property
+    def sha256(self) -> list[str]:
+        return [hashlib.sha256(j).hexdigest() for j in self.jpegs]
+
+
+# -- sources ---------------------------------------------------------------------------------------
+def resolve_media_path(video_path: str, allowed_roots: list[Path]) -> Path:
+    """The real file behind `video_path`, only if it lies under an allowed root (symlinks resolved)."""
+    if not allowed_roots:
+        raise MediaForbidden("video_path is disabled: proxy.allowed_media_roots is empty",
+                             field="video_path")
+    raw = Path(video_path)
+    if not raw.is_absolute():
+        raise InvalidRequest("video_path must be an absolute path", field="video_path")
+    resolved = raw.resolve()
+    if not any(resolved.is_relative_to(root.resolve()) for root in allowed_roots):
+        # Say nothing about whether the file exists: that would leak the filesystem.
+        raise MediaForbidden("video_path is outside proxy.allowed_media_roots", field="video_path")
+    if not resolved.is_file():
+        raise MediaNotFound(f"video_path {video_path!r} does not exist or is not a file",
+                            field="video_path")
+    return resolved
+
+
+def _read_video(path: Path, limits: FrameLimits, nframes: int) -> tuple[list[np.ndarray], list[int], int, float]:
+    capture = cv2.VideoCapture(str(path))
+    try:
+        if not capture.isOpened():
+            raise MediaDecodeError(f"cannot open {path.name} as a video", field="video_path")
+        width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+        height = int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if width * height > limits.max_source_pixels:
+            raise MediaDecodeError(f"video frames are {width}x{height}, over the "
+                                   f"{limits.max_source_pixels}-pixel cap", field="video_path")
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        reported = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        frames, indices, decoded = _grab_at(capture, sample_indices(reported, nframes) if reported > 0 else None)
+    finally:
+        capture.release()
+    if decoded == 0:
+        raise MediaDecodeError(f"{path.name} has no decodable frames", field="video_path")
+    if decoded != reported:
+        # Container metadata lied (common for truncated files): sample again over what exists.
+        capture = cv2.VideoCapture(str(path))
+        try:
+            frames, indices, decoded = _grab_at(capture, sample_indices(decoded, nframes))
+        finally:
+            capture.release()
+    source_fps = fps if fps and math.isfinite(fps) and fps > 0 else limits.default_source_fps
+    return frames, indices, decoded, source_fps
+
+
+def _grab_at(capture, wanted: list[int] | None) -> tuple[list[np.ndarray], list[int], int]:
+    """Decode sequentially, converting only wanted frames; returns (frames, indices, total)."""
+    wanted_set = set(wanted or ())
+    frames, indices = [], []
+    index = 0
+    while capture.grab():
+        if index in wanted_set:
+            ok, bgr = capture.retrieve()
+            if ok:
+                frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+                indices.append(index)
+        index += 1
+    return frames, indices, index
+
+
+def _b64decode(data: str, field: str) -> bytes:
+    if data.startswith("data:"):
+        data = data.partition(",")[2]
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise MediaDecodeError(f"{field} is not valid base64", field=field) from err
+
+
+def _decode_image(data: str, position: int, limits: FrameLimits) -> np.ndarray:
+    raw = np.frombuffer(_b64decode(data, f"frames[{position}]"), dtype=np.uint8)
+    # Read the header first so a decompression bomb is refused before it is decoded.
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(raw.tobytes())) as probe:
+            width, height = probe.size
+    except Exception as err:  # noqa: BLE001 - any PIL failure means "not an image we can read"
+        raise MediaDecodeError(f"frames[{position}] is not a PNG/JPEG image",
+                               field=f"frames[{position}]") from err
+    if width * height > limits.max_source_pixels:
+        raise MediaDecodeError(f"frames[{position}] is {width}x{height}, over the "
+                               f"{limits.max_source_pixels}-pixel cap", field=f"frames[{position}]")
+    bgr = cv2.imdecode(raw, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise MediaDecodeError(f"frames[{position}] is not a PNG/JPEG image", field=f"frames[{position}]")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _load_npy(data: str, limits: FrameLimits) -> np.ndarray:
+    raw = _b64decode(data, "frames_npy")
+    try:
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except Exception as err:  # noqa: BLE001 - numpy raises several types for a bad file
+        raise MediaDecodeError("frames_npy is not a .npy array", field="frames_npy") from err
+    if array.dtype != np.uint8 or array.ndim != 4 or array.shape[-1] != 3:
+        raise MediaDecodeError(
+            f"frames_npy must be uint8 with shape T×H×W×3, got {array.dtype} {array.shape}",
+            field="frames_npy")
+    if array.shape[1] * array.shape[2] > limits.max_source_pixels:
+        raise MediaDecodeError("frames_npy frames are over the pixel cap", field="frames_npy")
+    return array
+
+
+def _check_inline_count(count: int, field: str, limits: FrameLimits) -> None:
+    if count == 0:
+        raise InvalidRequest(f"{field} holds no frames", field=field)
+    if count > limits.max_inline_frames:
+        raise InvalidRequest(f"{field} holds {count} frames, over the cap of "
+                             f"{limits.max_inline_frames}", field=field)
+
+
+def load_sampled(
+    *,
+    limits: FrameLimits,
+    video_path: Path | None = None,
+    frames: list[str] | None = None,
+    frames_npy: str | None = None,
+    fps: float | None = None,
+) -> tuple[list[np.ndarray], list[int], int, float]:
+    """Sampled RGB frames from one source: (frames, source indices, source count, source fps)."""
+    nframes = limits.nframes
+    if video_path is not None:
+        return _read_video(video_path, limits, nframes)
+    source_fps = fps or limits.default_source_fps
+    if frames is not None:
+        _check_inline_count(len(frames), "frames", limits)
+        indices = sample_indices(len(frames), nframes)
+        # Decode only the frames we keep.
+        return [_decode_image(frames[i], i, limits) for i in indices], indices, len(frames), source_fps
+    if frames_npy is not None:
+        array = _load_npy(frames_npy, limits)
+        _check_inline_count(array.shape[0], "frames_npy", limits)
+        indices = sample_indices(array.shape[0], nframes)
+        return [array[i] for i in indices], indices, array.shape[0], source_fps
+    raise InvalidRequest("no frame source given", field="video_path")
+
+
+def prepare_frames(limits: FrameLimits, **source) -> EncodedFrames:
+    """Load → sample → resize (one size for all: vLLM refuses mixed sizes) → JPEG once."""
+    started = time.perf_counter()
+    source_field = next((k for k in ("video_path", "frames", "frames_npy") if source.get(k) is not None),
+                        "video_path")
+    sampled, indices, source_count, source_fps = load_sampled(limits=limits, **source)
+    loaded = time.perf_counter()
+    first_shape = sampled[0].shape[:2]
+    if any(f.shape[:2] != first_shape for f in sampled):
+        raise MediaDecodeError("frames of one episode must all have the same size", field=source_field)
+    try:
+        height, width = smart_resize(first_shape[0], first_shape[1],
+                                     min_pixels=limits.min_pixels, max_pixels=limits.max_pixels)
+    except ValueError as err:
+        raise MediaDecodeError(str(err), field=source_field) from err
+    jpegs = [encode_jpeg(np.ascontiguousarray(resize_frame(f, height, width)), limits.jpeg_quality)
+             for f in sampled]
+    encoded = time.perf_counter()
+    # vLLM computes duration = frames / fps, so this makes the sent clip last as long as the episode.
+    sampled_fps = source_fps * len(indices) / source_count
+    return EncodedFrames(
+        jpegs=jpegs, indices=indices, source_count=source_count, width=width, height=height,
+        sampled_fps=sampled_fps, load_ms=(loaded - started) * 1e3, encode_ms=(encoded - loaded) * 1e3,
+    )

@@ -1,0 +1,55 @@
+"""Prometheus metrics (one registry per app, no globals) and the JSONL audit log."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_SCORE_BUCKETS = tuple(i / 10 for i in range(1, 11))
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("vlm_proxy_requests_total", "Scoring requests by outcome",
+                                ["route", "backend", "outcome"], registry=r)
+        self.upstream_calls = Counter("vlm_proxy_upstream_calls_total",
+                                      "Calls to vllm serve by endpoint and result",
+                                      ["backend", "endpoint", "result"], registry=r)
+        self.parse_failures = Counter("vlm_proxy_parse_failures_total",
+                                      "Replies with no usable score", ["backend"], registry=r)
+        self.scores = Histogram("vlm_proxy_score", "Scores returned (0..1)", ["backend"],
+                                buckets=_SCORE_BUCKETS, registry=r)
+        self.latency = Histogram("vlm_proxy_request_seconds", "Whole /score time", ["backend"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.stage = Histogram("vlm_proxy_stage_seconds", "Time per pipeline stage", ["stage"],
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("vlm_proxy_in_flight", "Scoring requests in progress", ["backend"],
+                               registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class AuditLog:
+    """One JSON line per scored (or failed) episode. No media: hashes only."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"ts": round(time.time(), 3), **record}, separators=(",", ":")) + "\n"
+        with self._lock, self.path.open("a") as fh:
+            fh.write(line)

@@ -1,0 +1,129 @@
+"""Prompt templates as files: load, validate declared variables, render, hot-reload, hash.
+
+A template is `prompts/<name>.yaml`:
+
+    description: what it is for
+    variables:                      # every ${name} used must be declared here
+      task_text: {description: the instruction}            # required
+      hint: {default: "", description: optional extra}     # optional
+    system: "..."                   # optional; ${var} placeholders allowed
+    user: "... ${task_text} ..."
+
+`${name}` placeholders (string.Template) keep literal braces in prompts free to use. A file is
+re-read when its mtime or size changes, so an edit applies to the next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import yaml
+
+from proxy.errors import PromptTemplateError, TemplateVariableError
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    name: str
+    sha256: str
+    description: str
+    system: str | None
+    user: str
+    variables: dict[str, Any]  # name -> default, or _REQUIRED
+
+    @property
+    def variable_names(self) -> set[str]:
+        return set(self.variables)
+
+    def render(self, values: dict[str, Any]) -> tuple[str | None, str]:
+        """(system, user) with every variable filled; a missing required one is a 422."""
+        merged: dict[str, Any] = {}
+        for name, default in self.variables.items():
+            if name in values:
+                merged[name] = str(values[name])
+            elif default is _REQUIRED:
+                raise TemplateVariableError(
+                    f"prompt {self.name!r} needs variable {name!r}; pass it in backend_kwargs",
+                    field=f"backend_kwargs.{name}")
+            else:
+                merged[name] = str(default)
+        system = Template(self.system).substitute(merged) if self.system else None
+        return system, Template(self.user).substitute(merged)
+
+
+def parse_template(name: str, raw: bytes) -> PromptTemplate:
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise PromptTemplateError(f"prompt {name!r} is not valid YAML: {err}") from err
+    if not isinstance(doc, dict):
+        raise PromptTemplateError(f"prompt {name!r} must be a mapping with at least 'user'")
+    unknown = set(doc) - {"description", "variables", "system", "user"}
+    if unknown:
+        raise PromptTemplateError(f"prompt {name!r} has unknown keys: {sorted(unknown)}")
+    user, system = doc.get("user"), doc.get("system")
+    if not isinstance(user, str) or not user.strip():
+        raise PromptTemplateError(f"prompt {name!r}: 'user' must be a non-empty string")
+    if system is not None and not isinstance(system, str):
+        raise PromptTemplateError(f"prompt {name!r}: 'system' must be a string")
+    declared = doc.get("variables") or {}
+    if not isinstance(declared, dict):
+        raise PromptTemplateError(f"prompt {name!r}: 'variables' must be a mapping")
+    variables: dict[str, Any] = {}
+    for var, spec in declared.items():
+        spec = spec or {}
+        if not isinstance(spec, dict):
+            raise PromptTemplateError(f"prompt {name!r}: variables.{var} must be a mapping")
+        variables[str(var)] = spec.get("default", _REQUIRED)
+    for part_name, text in (("system", system), ("user", user)):
+        if not text:
+            continue
+        template = Template(text)
+        if not template.is_valid():
+            raise PromptTemplateError(f"prompt {name!r}: {part_name} has a malformed $ placeholder "
+                                      "(write $$ for a literal $)")
+        undeclared = set(template.get_identifiers()) - set(variables)
+        if undeclared:
+            raise PromptTemplateError(
+                f"prompt {name!r}: {part_name} uses undeclared variable(s) {sorted(undeclared)}")
+    return PromptTemplate(
+        name=name, sha256=hashlib.sha256(raw).hexdigest(), description=str(doc.get("description", "")),
+        system=system, user=user, variables=variables,
+    )
+
+
+class PromptStore:
+    """Templates by name from one directory, re-read when a file changes."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._cache: dict[str, tuple[tuple[int, int], PromptTemplate]] = {}
+        self._lock = threading.Lock()
+
+    def path_of(self, name: str) -> Path:
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise PromptTemplateError(f"prompt name {name!r} must be a plain file stem")
+        return self.directory / f"{name}.yaml"
+
+    def get(self, name: str) -> PromptTemplate:
+        path = self.path_of(name)
+        try:
+            stat = path.stat()
+        except OSError as err:
+            raise PromptTemplateError(f"prompt {name!r} not found at {path}") from err
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached and cached[0] == stamp:
+                return cached[1]
+        template = parse_template(name, path.read_bytes())
+        with self._lock:
+            self._cache[name] = (stamp, template)
+        return template

@@ -1,0 +1,70 @@
+"""Request and response bodies of the proxy's own API (pydantic, validated at the edge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ScoreRequest(BaseModel):
+    """POST /score. Field names follow the seed server so its clients keep working."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_text: str = Field(min_length=1, max_length=4096)
+    # Exactly one source of frames:
+    video_path: str | None = None  # a video file under proxy.allowed_media_roots
+    frames: list[str] | None = None  # base64 PNG/JPEG images (data: URLs accepted), in order
+    frames_npy: str | None = None  # base64 of a .npy uint8 array T×H×W×3
+    fps: float | None = Field(None, gt=0, le=1000)  # source rate of inline frames
+    nframes: int | None = Field(None, ge=1)  # frames to sample; caps checked against config
+    max_pixels: int | None = Field(None, ge=1)  # per-frame pixel budget after resize
+    backend: str | None = None  # backend name or alias; None = the only/first backend
+    # Per-request sampling overrides (within bounds), score_mode, and template variables.
+    backend_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ScoreRequest:
+        given = [n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of video_path, frames, frames_npy"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+
+class ParseInfo(BaseModel):
+    mode: str  # the score_mode used
+    source: str  # which rule matched: answer_tag, score_tag, bracket_score, ...
+    finish_reason: str | None = None
+
+
+class PromptInfo(BaseModel):
+    name: str
+    sha256: str
+
+
+class FramesInfo(BaseModel):
+    count: int
+    indices: list[int]  # indices into the source episode
+    source_count: int
+    size: tuple[int, int]  # (width, height) sent to the model
+    sampled_fps: float
+    sha256: list[str]  # hash of each JPEG sent, for reproducibility
+
+
+class ScoreResponse(BaseModel):
+    score: float  # normalised to [0, 1]
+    raw_score: float  # the number as the model wrote it
+    backend: str
+    model: str
+    output_text: str
+    parse: ParseInfo
+    attempts: int  # upstream calls made, retries included
+    prompt: PromptInfo
+    frames: FramesInfo
+    sampling: dict[str, Any]
+    endpoint: str
+    timings_ms: dict[str, float]  # load, encode, upstream, total

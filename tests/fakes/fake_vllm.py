@@ -1,0 +1,419 @@
+"""A stand-in for `vllm serve`: a real HTTP/1.1 server on loopback, OpenAI chat API shaped.
+
+Written on raw asyncio streams (not an ASGI framework) so a test can make it do what real
+servers do when they break: drop the connection, send truncated or malformed bodies, stall.
+
+Behaviour per chat request: the next scripted action if any, else the default reply. Actions:
+    {"reply": "text", "finish_reason": "stop", "delay_s": 0}
+    {"status": 503, "retry_after": 2, "delay_s": 0}   any HTTP status, vLLM's error shape
+    {"drop": true}                                   close the socket, no answer
+    {"malformed": true}                              200 with a body that is not JSON
+    {"truncated": true}                              200, Content-Length larger than the body
+    {"hang_s": 30}                                   answer nothing for that long
+Like stock vLLM it answers 404 for an unknown model, 400 (param media_io_kwargs /
+mm_processor_kwargs) for per-request media kwargs unless trust_request_mm_kwargs, 400 for a
+data URL that is not strict base64, and it keeps only --media-io-kwargs num_frames (32) frames.
+
+Control over HTTP (for fakes run as subprocesses): POST /_fake/script {"actions": [...]},
+POST /_fake/config {...FakeConfig fields}, POST /_fake/reset, GET /_fake/requests.
+Run standalone: python -m tests.fakes.fake_vllm --port 8001 --served-model-name NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+CRLF = b"\r\n"
+DEFAULT_TEXT = "<answer>50</answer>"
+
+
+@dataclass
+class FakeConfig:
+    served_model_name: str = "fake-model"
+    default_text: str = DEFAULT_TEXT
+    trust_request_mm_kwargs: bool = True
+    healthy: bool = True
+    record: bool = True
+    # Continuous-batching latency model: base + per_seq * running, at most max_num_seqs at once.
+    latency_base_s: float = 0.0
+    latency_per_seq_s: float = 0.0
+    max_num_seqs: int = 256
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class FakeState:
+    config: FakeConfig
+    actions: collections.deque = field(default_factory=collections.deque)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    reply_fn: Callable[[dict], str] | None = None
+    running: int = 0
+    max_running_seen: int = 0
+    chat_count: int = 0
+
+
+class FakeVLLM:
+    """The server. Use `FakeVLLMThread` in tests, or `serve_forever` from the command line."""
+
+    def __init__(self, config: FakeConfig | None = None) -> None:
+        self.state = FakeState(config=config or FakeConfig())
+        self._seq_slots: asyncio.Semaphore | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    # -- control (thread-safe enough for tests: deque/list appends are atomic) --------------
+    def script(self, *actions: dict) -> None:
+        self.state.actions.extend(actions)
+
+    def reset(self) -> None:
+        self.state.actions.clear()
+        self.state.requests.clear()
+        self.state.chat_count = 0
+        self.state.max_running_seen = 0
+
+    @property
+    def chat_requests(self) -> list[dict]:
+        return [r.body for r in self.state.requests if r.path.endswith("/chat/completions")]
+
+    # -- HTTP plumbing -------------------------------------------------------------------------
+    async def handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._writers.add(writer)
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    break
+                method, path, headers, raw_body = request
+                keep_open = await self._dispatch(method, path, headers, raw_body, writer)
+                if not keep_open or headers.get("connection", "").lower() == "close":
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _dispatch(self, method, path, headers, raw_body, writer) -> bool:
+        cfg = self.state.config
+        if path.startswith("/_fake/"):
+            return await self._control(method, path, raw_body, writer)
+        if method == "GET" and path == "/health":
+            await _send_json(writer, 200 if cfg.healthy else 503, {} if cfg.healthy else {"error": "unhealthy"})
+            return True
+        if method == "GET" and path == "/v1/models":
+            await _send_json(writer, 200, {"object": "list", "data": [
+                {"id": cfg.served_model_name, "object": "model", "owned_by": "vllm", "root": cfg.served_model_name}
+            ]})
+            return True
+        if method == "POST" and path == "/v1/chat/completions":
+            return await self._chat(headers, raw_body, writer)
+        await _send_json(writer, 404, _error("Not Found", "NotFoundError", 404))
+        return True
+
+    async def _control(self, method, path, raw_body, writer) -> bool:
+        if path == "/_fake/script":
+            self.script(*json.loads(raw_body)["actions"])
+        elif path == "/_fake/config":
+            for key, value in json.loads(raw_body).items():
+                setattr(self.state.config, key, value)
+        elif path == "/_fake/reset":
+            self.reset()
+        elif path == "/_fake/requests":
+            await _send_json(writer, 200, {
+                "requests": [r.body for r in self.state.requests],
+                "max_running_seen": self.state.max_running_seen,
+                "chat_count": self.state.chat_count,
+            })
+            return True
+        await _send_json(writer, 200, {"ok": True})
+        return True
+
+    async def _chat(self, headers, raw_body, writer) -> bool:
+        state, cfg = self.state, self.state.config
+        try:
+            body = json.loads(raw_body)
+        except ValueError:
+            await _send_json(writer, 400, _error("invalid JSON body", "BadRequestError", 400))
+            return True
+        state.chat_count += 1
+        if cfg.record:
+            state.requests.append(RecordedRequest("POST", "/v1/chat/completions", headers, body))
+        refusal = _validate_like_vllm(body, cfg)
+        if refusal is not None:
+            status, payload = refusal
+            await _send_json(writer, status, payload)
+            return True
+        action = state.actions.popleft() if state.actions else {}
+        if action.get("delay_s"):
+            await asyncio.sleep(action["delay_s"])
+        if "hang_s" in action:
+            await asyncio.sleep(action["hang_s"])
+            return False
+        if action.get("drop"):
+            return False
+        if action.get("malformed"):
+            await _send_raw(writer, 200, b'{"id": "x", "choices": [ this is not json', "application/json")
+            return True
+        if action.get("truncated"):
+            payload = json.dumps(_completion(body, cfg, "<answer>1</answer>", "stop")).encode()
+            head = _head(200, len(payload) + 100, "application/json")
+            writer.write(head + payload[: len(payload) // 2])
+            await writer.drain()
+            return False
+        if "status" in action:
+            status = int(action["status"])
+            extra = {"Retry-After": str(action["retry_after"])} if "retry_after" in action else {}
+            await _send_json(writer, status, _error(action.get("message", f"fake {status}"),
+                                                    "ServiceUnavailableError", status), extra)
+            return True
+        text = action.get("reply")
+        if text is None:
+            text = state.reply_fn(body) if state.reply_fn else cfg.default_text
+        await self._model_latency()
+        completion = _completion(body, cfg, text, action.get("finish_reason", "stop"))
+        if body.get("stream"):
+            await _send_sse(writer, completion)
+            return False
+        await _send_json(writer, 200, completion)
+        return True
+
+    async def _model_latency(self) -> None:
+        cfg, state = self.state.config, self.state
+        if cfg.latency_base_s <= 0 and cfg.latency_per_seq_s <= 0:
+            return
+        if self._seq_slots is None:
+            self._seq_slots = asyncio.Semaphore(cfg.max_num_seqs)
+        async with self._seq_slots:
+            state.running += 1
+            state.max_running_seen = max(state.max_running_seen, state.running)
+            try:
+                await asyncio.sleep(cfg.latency_base_s + cfg.latency_per_seq_s * state.running)
+            finally:
+                state.running -= 1
+
+    async def serve(self, host: str, port: int, ready: Callable[[int], None] | None = None):
+        server = await asyncio.start_server(self.handle_connection, host, port, limit=2**26)
+        bound_port = server.sockets[0].getsockname()[1]
+        if ready:
+            ready(bound_port)
+        try:
+            async with server:
+                await server.serve_forever()
+        finally:
+            # Keep-alive connections outlive serve_forever; close them so no transport leaks.
+            for writer in list(self._writers):
+                writer.close()
+            await asyncio.sleep(0)
+
+
+def _validate_like_vllm(body: dict, cfg: FakeConfig) -> tuple[int, dict] | None:
+    if body.get("model") != cfg.served_model_name:
+        return 404, _error(f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404, "model")
+    if not cfg.trust_request_mm_kwargs:
+        for param in ("mm_processor_kwargs", "media_io_kwargs"):
+            if body.get(param):
+                return 400, _error(
+                    f"Per-request {param} are disabled by default because they can change "
+                    "multimodal preprocessing resource usage. Start the server with "
+                    "--trust-request-mm-kwargs only when clients are trusted.",
+                    "BadRequestError", 400, param)
+    for message in body.get("messages", []):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            url = (part.get("image_url") or part.get("video_url") or {}).get("url", "")
+            if url.startswith("data:"):
+                _, _, payload = url.partition(";base64,")
+                for piece in payload.split(","):
+                    try:
+                        base64.b64decode(piece, validate=True)
+                    except (binascii.Error, ValueError):
+                        return 400, _error("invalid base64 in data URL", "BadRequestError", 400)
+    return None
+
+
+def decode_video_part(url: str, num_frames: int = 32) -> list[bytes]:
+    """The JPEG frames vLLM's loader would keep from a `data:video/jpeg;base64,...` URL."""
+    _, _, payload = url.partition(";base64,")
+    pieces = payload.split(",") if num_frames < 0 else payload.split(",", num_frames)[:num_frames]
+    return [base64.b64decode(p, validate=True) for p in pieces]
+
+
+def _completion(body: dict, cfg: FakeConfig, text: str, finish_reason: str) -> dict:
+    return {
+        "id": f"chatcmpl-fake-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": cfg.served_model_name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": max(1, len(text) // 4),
+                  "total_tokens": 100 + max(1, len(text) // 4)},
+    }
+
+
+def _error(message: str, err_type: str, code: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+async def _read_request(reader: asyncio.StreamReader):
+    try:
+        head = await reader.readuntil(CRLF + CRLF)
+    except asyncio.IncompleteReadError:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    length = int(headers.get("content-length", "0"))
+    body = await reader.readexactly(length) if length else b""
+    return method, path.split("?", 1)[0], headers, body
+
+
+def _head(status: int, length: int | None, content_type: str, extra: dict | None = None) -> bytes:
+    lines = [f"HTTP/1.1 {status} X", f"content-type: {content_type}"]
+    if length is not None:
+        lines.append(f"content-length: {length}")
+    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def _send_raw(writer, status: int, payload: bytes, content_type: str, extra=None) -> None:
+    writer.write(_head(status, len(payload), content_type, extra) + payload)
+    await writer.drain()
+
+
+async def _send_json(writer, status: int, obj: Any, extra: dict | None = None) -> None:
+    await _send_raw(writer, status, json.dumps(obj).encode(), "application/json", extra)
+
+
+async def _send_sse(writer, completion: dict) -> None:
+    """Stream the reply word by word as vLLM does, then [DONE]; connection-delimited."""
+    writer.write(_head(200, None, "text/event-stream", {"connection": "close"}))
+    text = completion["choices"][0]["message"]["content"]
+    words = text.split(" ")
+    for i, word in enumerate(words):
+        delta = {"content": word + (" " if i < len(words) - 1 else "")}
+        chunk = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+                 "model": completion["model"],
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await writer.drain()
+    final = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+             "model": completion["model"],
+             "choices": [{"index": 0, "delta": {}, "finish_reason": completion["choices"][0]["finish_reason"]}]}
+    writer.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+    await writer.drain()
+
+
+class FakeVLLMThread:
+    """Runs a FakeVLLM on its own event loop in a daemon thread; `with` starts and stops it."""
+
+    def __init__(self, config: FakeConfig | None = None, host: str = "127.0.0.1", port: int = 0):
+        self.fake = FakeVLLM(config)
+        self.host, self.port = host, port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ready = threading.Event()
+        self._task: asyncio.Task | None = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        def ready(port: int) -> None:
+            self.port = port
+            self._ready.set()
+
+        self._task = self._loop.create_task(self.fake.serve(self.host, self.port, ready))
+        try:
+            self._loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+    def start(self) -> FakeVLLMThread:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake vLLM did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(10)
+
+    def __enter__(self) -> FakeVLLMThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    # Convenience pass-throughs so tests read naturally.
+    def script(self, *actions: dict) -> None:
+        self.fake.script(*actions)
+
+    @property
+    def config(self) -> FakeConfig:
+        return self.fake.state.config
+
+    @property
+    def chat_requests(self) -> list[dict]:
+        return self.fake.chat_requests
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake `vllm serve` for tests and benchmarks.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default="fake-model")
+    parser.add_argument("--default-text", default=DEFAULT_TEXT)
+    parser.add_argument("--untrusting", action="store_true",
+                        help="refuse per-request media kwargs like a server without --trust-request-mm-kwargs")
+    parser.add_argument("--no-record", action="store_true", help="do not keep request bodies")
+    parser.add_argument("--latency-base-s", type=float, default=0.0)
+    parser.add_argument("--latency-per-seq-s", type=float, default=0.0)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    args = parser.parse_args(argv)
+    fake = FakeVLLM(FakeConfig(
+        served_model_name=args.served_model_name, default_text=args.default_text,
+        trust_request_mm_kwargs=not args.untrusting, record=not args.no_record,
+        latency_base_s=args.latency_base_s, latency_per_seq_s=args.latency_per_seq_s,
+        max_num_seqs=args.max_num_seqs))
+    try:
+        asyncio.run(fake.serve(args.host, args.port, lambda p: print(f"fake vllm listening on {p}", flush=True)))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The real proxy app served by uvicorn on a free loopback port, in a background thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+from proxy.api import create_app
+from proxy.config import Settings
+
+
+class ProxyServerThread:
+    def __init__(self, settings: Settings, host: str = "127.0.0.1") -> None:
+        self.settings = settings
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, host=host, port=0, log_level="warning", lifespan="on",
+                                access_log=False)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, daemon=True)
+        self.host = host
+        self.port: int | None = None
+
+    def start(self) -> ProxyServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("proxy server did not start")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(15)
+
+    def __enter__(self) -> ProxyServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
