@@ -73,12 +73,16 @@ def smart_resize(
     w_bar = max(factor, _round_by(width, factor))
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, _floor_by(height / beta, factor))
-        w_bar = max(factor, _floor_by(width / beta, factor))
+        h_bar = _floor_by(height / beta, factor)
+        w_bar = _floor_by(width / beta, factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = _ceil_by(height * beta, factor)
         w_bar = _ceil_by(width * beta, factor)
+    if h_bar == 0 or w_bar == 0:
+        # The reference returns a 0 side here (a thin frame on a small budget); refuse instead.
+        raise ValueError(f"a {width}x{height} frame cannot fit max_pixels {max_pixels} with "
+                         f"{factor}-pixel sides; raise max_pixels")
     return h_bar, w_bar
 
 

@@ -6,7 +6,7 @@ the reasoning never win:
     score_marker  [SCORE] 7/10, SCORE: 7       double_bracket  [[8]]
     percent       85%                          fraction   7/10, 3 out of 4
     bare_number   exactly one number in the text (several numbers are ambiguous: an error)
-    yes_no        yes / no / success / failure (both kinds present: an error)
+    yes_no        the whole answer is a verdict: "Yes." / "No, it fell" / "Failure"
 Inside a tag the same number forms apply (85, 85%, 7/10, yes). Out-of-range values are errors,
 never clamped: a model that says 150% did not answer the question.
 """
@@ -30,8 +30,12 @@ _DOUBLE_BRACKET = re.compile(r"\[\[\s*(" + _NUMBER + r")\s*\]\]")
 _PERCENT = re.compile(r"(" + _NUMBER + r")\s*%")
 _FRACTION = re.compile(r"(" + _NUMBER + r")\s*(?:/|out of)\s*(\d+(?:\.\d+)?)", re.I)
 _ANY_NUMBER = re.compile(_NUMBER)
-_YES = re.compile(r"\b(yes|success|successful|succeeded|true)\b", re.I)
-_NO = re.compile(r"\b(no|not|fail|failed|failure|unsuccessful|false)\b", re.I)
+# A verdict word counts only as the whole answer or its first word before punctuation:
+# "Yes." / "No, it fell" — never "no idea" or "not sure", which are not answers.
+_VERDICT = re.compile(
+    r"^\W*(yes|no|success|successful|succeeded|fail|failed|failure|unsuccessful|true|false)"
+    r"\s*(?:$|[.,;:!])", re.I)
+_POSITIVE = {"yes", "success", "successful", "succeeded", "true"}
 
 MODES = ("auto", "percentage", "unit", "binary")
 
@@ -85,10 +89,11 @@ def _number_form(fragment: str, mode: str, source: str) -> ParsedScore | None:
 
 
 def _yes_no(fragment: str, mode: str, source: str) -> ParsedScore | None:
-    yes, no = bool(_YES.search(fragment)), bool(_NO.search(fragment))
-    if yes == no:
+    match = _VERDICT.match(fragment.strip())
+    if match is None:
         return None
-    return ParsedScore(1.0 if yes else 0.0, 1.0 if yes else 0.0, source, mode)
+    value = 1.0 if match.group(1).lower() in _POSITIVE else 0.0
+    return ParsedScore(value, value, source, mode)
 
 
 def parse_score(text: str, mode: str = "auto", *, finish_reason: str | None = None) -> ParsedScore:

@@ -364,8 +364,11 @@ class FakeVLLMThread:
         return self
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        if self._task is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:  # loop closed between the check and the call
+                pass
         self._thread.join(10)
 
     def __enter__(self) -> FakeVLLMThread:

@@ -1,0 +1,127 @@
+"""Upstream failures through the real stack: retried, then answered with an explicit error."""
+
+import httpx
+import pytest
+
+from proxy.config import settings_from_dict
+from tests.conftest import libero_settings_dict
+from tests.fakes.episodes import episode_frames, npy_b64
+
+EPISODE = {"task_text": "stack the blocks", "frames_npy": npy_b64(episode_frames(8, 64, 64))}
+
+
+def test_three_503s_then_success(client, fake_qwen):
+    fake_qwen.script(*[{"status": 503}] * 3)
+    response = client.post("/score", json=EPISODE)
+    assert response.status_code == 200, response.text
+    assert response.json()["attempts"] == 4
+    assert len(fake_qwen.chat_requests) == 4
+
+
+def test_two_unparseable_replies_then_success(proxy_factory, fake_qwen, fake_primo, media_root):
+    data = libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], media_root)
+    data["backends"]["qwen2_5_vl_vllm"]["retry"]["parse_attempts"] = 3
+    data["backends"]["qwen2_5_vl_vllm"]["retry"]["parse_retry_temperature"] = 0.3
+    server = proxy_factory(settings_from_dict(data))
+    fake_qwen.script({"reply": "I am not sure."}, {"reply": "between 30 and 40"}, {"reply": "<score>35</score>"})
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/score", json=EPISODE)
+    assert response.status_code == 200, response.text
+    assert response.json()["score"] == pytest.approx(0.35) and response.json()["attempts"] == 3
+    temperatures = [b["temperature"] for b in fake_qwen.chat_requests]
+    assert temperatures == [0.0, 0.3, 0.3]  # re-asks use the configured temperature
+
+
+def test_unparseable_every_time_is_an_explicit_502_never_zero(client, fake_qwen):
+    fake_qwen.script({"reply": "no idea"}, {"reply": "still no idea"})
+    response = client.post("/score", json=EPISODE)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "unparseable_score" and error["attempts"] == 2
+    assert "score" not in response.json()
+
+
+def test_truncated_think_is_reported_as_cut_at_max_tokens(client, fake_primo):
+    cut = {"reply": "<think><planning>1. grasp 2. lift 3. place at 30 cm", "finish_reason": "length"}
+    fake_primo.script(cut, cut)
+    response = client.post("/score", json={**EPISODE, "backend": "PRIMO-R1"})
+    assert response.status_code == 502
+    assert "finish_reason=length" in response.json()["error"]["message"]
+
+
+def test_exhausted_503s_answer_503_with_attempts_and_retry_after(client, fake_qwen):
+    fake_qwen.script(*[{"status": 503, "retry_after": 0}] * 4)
+    response = client.post("/score", json=EPISODE)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "upstream_unavailable"
+    assert response.json()["error"]["attempts"] == 4
+    assert "retry-after" in response.headers
+
+
+@pytest.mark.parametrize("fault", [{"drop": True}, {"malformed": True}, {"truncated": True}, {"status": 429}])
+def test_broken_replies_are_retried(client, fake_qwen, fault):
+    fake_qwen.script(fault)
+    response = client.post("/score", json=EPISODE)
+    assert response.status_code == 200, response.text
+    assert response.json()["attempts"] == 2
+
+
+def test_slow_upstream_times_out_with_504(proxy_factory, fake_qwen, fake_primo, media_root):
+    data = libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], media_root)
+    data["backends"]["qwen2_5_vl_vllm"]["retry"].update(timeout_s=0.2, attempts=2)
+    server = proxy_factory(settings_from_dict(data))
+    fake_qwen.script({"delay_s": 1.0}, {"delay_s": 1.0})
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/score", json=EPISODE)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout" and response.json()["error"]["attempts"] == 2
+
+
+def test_unreachable_backend_is_503_not_a_hang(proxy_factory, fake_primo, media_root):
+    data = libero_settings_dict(["http://127.0.0.1:9/v1"], [fake_primo.base_url], media_root)
+    server = proxy_factory(settings_from_dict(data))
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/score", json=EPISODE)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "upstream_unavailable"
+
+
+def test_untrusting_vllm_gives_a_clear_error_naming_the_flag_and_no_retry_loop(
+        proxy_factory, fake_vllm_factory, fake_primo, media_root):
+    stock = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct", trust_request_mm_kwargs=False)
+    server = proxy_factory(settings_from_dict(
+        libero_settings_dict([stock.base_url], [fake_primo.base_url], media_root)))
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/score", json=EPISODE)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_refuses_mm_kwargs"
+    assert "--trust-request-mm-kwargs" in error["message"] and error["attempts"] == 1
+    assert len(stock.chat_requests) == 1
+
+
+def test_request_mm_kwargs_off_works_against_an_untrusting_server(
+        proxy_factory, fake_vllm_factory, fake_primo, media_root):
+    stock = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct", trust_request_mm_kwargs=False,
+                              default_text="<score>10</score>")
+    data = libero_settings_dict([stock.base_url], [fake_primo.base_url], media_root)
+    data["backends"]["qwen2_5_vl_vllm"]["request_mm_kwargs"] = False
+    server = proxy_factory(settings_from_dict(data))
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/score", json=EPISODE)
+    assert response.status_code == 200, response.text
+    assert "media_io_kwargs" not in stock.chat_requests[-1]
+
+
+def test_replica_failover_retries_on_the_other_endpoint(proxy_factory, fake_vllm_factory, fake_primo, media_root):
+    first = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct")
+    second = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct")
+    first.script(*[{"status": 503}] * 10)
+    second.script(*[{"status": 503}] * 10)
+    server = proxy_factory(settings_from_dict(
+        libero_settings_dict([first.base_url, second.base_url], [fake_primo.base_url], media_root)))
+    second.fake.state.actions.clear()  # only the first replica is failing
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for _ in range(4):
+            assert http.post("/score", json=EPISODE).status_code == 200
+    # every failure on the first replica was followed by a retry on the second
+    assert len(second.chat_requests) >= 4

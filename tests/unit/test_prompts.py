@@ -1,0 +1,66 @@
+"""Prompt templates: shipped ones render, variables are checked, edits apply without restart."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from proxy.errors import PromptTemplateError, TemplateVariableError
+from proxy.prompts import PromptStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_templates_render_the_task():
+    store = PromptStore(REPO / "prompts")
+    system, user = store.get("qwen_progress").render({"task_text": "open the drawer"})
+    assert "open the drawer" in user and "<score>" in user and system
+    primo = store.get("primo_r1")
+    system, user = primo.render({"task_text": "open the drawer"})
+    for tag in ("<think>", "<planning>", "<observation>", "<reasoning>", "<answer>"):
+        assert tag in system
+    assert "open the drawer" in user
+    assert len(primo.sha256) == 64
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+    # mtime granularity can be coarse; make each write visibly newer
+    stamp = path.stat().st_mtime_ns + 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_missing_variable_is_a_422_naming_it(tmp_path):
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}, scene: {}}\nuser: '${task_text} in ${scene}'\n")
+    template = PromptStore(tmp_path).get("t")
+    with pytest.raises(TemplateVariableError) as err:
+        template.render({"task_text": "x"})
+    assert err.value.status_code == 422 and err.value.field == "backend_kwargs.scene"
+
+
+def test_optional_variable_takes_its_default(tmp_path):
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}, hint: {default: none}}\nuser: '${task_text}/${hint}'\n")
+    assert PromptStore(tmp_path).get("t").render({"task_text": "a"})[1] == "a/none"
+
+
+def test_undeclared_variable_is_refused_at_load(tmp_path):
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}}\nuser: '${task_text} ${oops}'\n")
+    with pytest.raises(PromptTemplateError, match="oops"):
+        PromptStore(tmp_path).get("t")
+
+
+def test_edit_applies_to_the_next_get_and_changes_the_hash(tmp_path):
+    path = tmp_path / "t.yaml"
+    _write(path, "variables: {task_text: {}}\nuser: 'v1 ${task_text}'\n")
+    store = PromptStore(tmp_path)
+    first = store.get("t")
+    assert store.get("t") is first  # cached while unchanged
+    _write(path, "variables: {task_text: {}}\nuser: 'v2 ${task_text}'\n")
+    second = store.get("t")
+    assert second.render({"task_text": "x"})[1] == "v2 x"
+    assert second.sha256 != first.sha256
+
+
+def test_names_cannot_escape_the_directory(tmp_path):
+    with pytest.raises(PromptTemplateError):
+        PromptStore(tmp_path).get("../secrets")
