@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import json
 import threading
 import time
@@ -365,10 +366,8 @@ class FakeVLLMThread:
 
     def stop(self) -> None:
         if self._task is not None and not self._loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):  # loop closed between the check and the call
                 self._loop.call_soon_threadsafe(self._task.cancel)
-            except RuntimeError:  # loop closed between the check and the call
-                pass
         self._thread.join(10)
 
     def __enter__(self) -> FakeVLLMThread:
@@ -412,10 +411,8 @@ def main(argv: list[str] | None = None) -> None:
         trust_request_mm_kwargs=not args.untrusting, record=not args.no_record,
         latency_base_s=args.latency_base_s, latency_per_seq_s=args.latency_per_seq_s,
         max_num_seqs=args.max_num_seqs))
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(fake.serve(args.host, args.port, lambda p: print(f"fake vllm listening on {p}", flush=True)))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -5,7 +5,14 @@ import pytest
 
 from proxy.config import settings_from_dict
 from tests.conftest import QWEN_MODEL, libero_settings_dict
-from tests.fakes.episodes import decode_jpeg_b64, episode_frames, frame_level, images_b64, npy_b64, write_mp4
+from tests.fakes.episodes import (
+    decode_jpeg_b64,
+    episode_frames,
+    frame_level,
+    images_b64,
+    npy_b64,
+    write_mp4,
+)
 from tests.fakes.fake_vllm import decode_video_part
 
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed"}
@@ -36,7 +43,7 @@ def test_qwen_request_is_video_then_text_with_every_frame_and_timing(client, fak
     assert levels == sorted(levels) and levels[0] < 25 and levels[-1] > 230  # first..last, in order
     assert all(f.shape == (252, 252, 3) for f in frames)  # 256 → 252, a multiple of 28
     assert frames[0][5, 5].tolist()[0] > 200 and frames[0][5, 5].tolist()[2] < 60  # RGB kept
-    assert SAMPLING_KEYS <= set(body) and body["n"] == 1 and body["stream"] is False
+    assert set(body) >= SAMPLING_KEYS and body["n"] == 1 and body["stream"] is False
     result = response.json()
     assert result["frames"]["indices"][0] == 0 and result["frames"]["indices"][-1] == 39
     assert result["frames"]["size"] == [252, 252]
@@ -131,6 +138,7 @@ def test_api_key_is_sent_as_bearer_token(proxy_factory, fake_qwen, fake_primo, m
     data["backends"]["qwen2_5_vl_vllm"]["api_key_env"] = "QWEN_KEY"
     server = proxy_factory(settings_from_dict(data))
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        assert http.post("/score", json={"task_text": "t", "frames_npy": npy_b64(episode_frames(3, 64, 64))}).status_code == 200
+        episode = {"task_text": "t", "frames_npy": npy_b64(episode_frames(3, 64, 64))}
+        assert http.post("/score", json=episode).status_code == 200
     headers = fake_qwen.fake.state.requests[-1].headers
     assert headers["authorization"] == "Bearer s3cret"

@@ -27,7 +27,8 @@ def test_health_reports_each_backend_and_notices_a_dead_one(client, fake_primo):
 
 def test_health_notices_a_wrong_model(proxy_factory, fake_vllm_factory, fake_primo, media_root):
     other = fake_vllm_factory(served_model_name="something-else")
-    server = proxy_factory(settings_from_dict(libero_settings_dict([other.base_url], [fake_primo.base_url], media_root)))
+    settings = settings_from_dict(libero_settings_dict([other.base_url], [fake_primo.base_url], media_root))
+    server = proxy_factory(settings)
     with httpx.Client(base_url=server.url) as http:
         qwen = http.get("/health").json()["backends"]["qwen2_5_vl_vllm"]
     assert qwen["ready"] is False and "not served" in qwen["endpoints"][0]["reason"]
