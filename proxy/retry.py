@@ -21,7 +21,13 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from tenacity.wait import wait_random_exponential
 
 from proxy.config import RetryConfig
-from proxy.errors import RETRYABLE_UPSTREAM, ProxyError, ScoreParseError, UpstreamError, UpstreamTimeout
+from proxy.errors import (
+    RETRYABLE_UPSTREAM,
+    ProxyError,
+    ScoreParseError,
+    UpstreamError,
+    UpstreamTimeout,
+)
 
 T = TypeVar("T")
 P = TypeVar("P")

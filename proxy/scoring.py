@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy.config import BackendConfig, SamplingConfig, Settings
-from proxy.errors import InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded, UnknownBackend
+from proxy.errors import (
+    InvalidRequest,
+    ProxyError,
+    ScoreParseError,
+    TokenBudgetExceeded,
+    UnknownBackend,
+)
 from proxy.layouts import build_chat_body, estimate_prompt_tokens
 from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
 from proxy.observe import AuditLog, Metrics
