@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -12,14 +14,16 @@ from typing import Annotated, Any
 import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from proxy.backends import BackendRegistry
 from proxy.config import Settings
 from proxy.errors import ConfigError, InvalidRequest, PayloadTooLarge, ProxyError
 from proxy.observe import AuditLog, Metrics
+from proxy.passthrough import ChatPassthrough
 from proxy.prompts import PromptStore
-from proxy.schemas import ScoreRequest, ScoreResponse
-from proxy.scoring import BackendRegistry, Scorer
+from proxy.schemas import BatchScoreRequest, ScoreRequest, ScoreResponse, validation_error
+from proxy.scoring import Scorer
 from proxy.upstream import UpstreamClient
 
 log = logging.getLogger("vlm_reward_proxy")
@@ -33,12 +37,9 @@ def error_response(err: ProxyError, request_id: str | None) -> JSONResponse:
     return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
 
 
-def _validation_error(exc: RequestValidationError, request_id: str | None) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    field = ".".join(loc) or None
-    message = f"{field}: {first['msg']}" if field else str(first["msg"])
-    return error_response(InvalidRequest(message, field=field), request_id)
+class Unauthorized(ProxyError):
+    status_code = 401
+    code = "unauthorized"
 
 
 class BodySizeLimit:
@@ -82,7 +83,25 @@ def get_scorer(request: Request) -> Scorer:
     return request.app.state.scorer
 
 
+def get_passthrough(request: Request) -> ChatPassthrough:
+    return request.app.state.passthrough
+
+
 ScorerDep = Annotated[Scorer, Depends(get_scorer)]
+PassthroughDep = Annotated[ChatPassthrough, Depends(get_passthrough)]
+OPEN_PATHS = frozenset({"/health"})  # reachable without the bearer token (load balancers, `up`)
+
+
+async def _health_loop(registry: BackendRegistry, upstream: UpstreamClient, interval_s: float,
+                       timeout_s: float) -> None:
+    """Probe every endpoint in the background so dead replicas leave and recovered ones return."""
+    while True:
+        for backend in registry.backends.values():
+            results = await asyncio.gather(*(upstream.check(e, backend.config.model, timeout_s)
+                                             for e in backend.pool.endpoints))
+            for endpoint, result in zip(backend.pool.endpoints, results, strict=True):
+                backend.pool.record_probe(endpoint, result)
+        await asyncio.sleep(interval_s)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -94,6 +113,9 @@ def create_app(settings: Settings) -> FastAPI:
             raise ConfigError(f"backends.{name}.prompt: {err.message}") from err
     for warning in settings.warnings():
         log.warning(warning)
+    api_key = settings.proxy_api_key()
+    if settings.proxy.api_key_env and not api_key:
+        raise ConfigError(f"proxy.api_key_env names {settings.proxy.api_key_env!r}, which is unset or empty")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,13 +134,25 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.upstream = upstream
             app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics,
                                       AuditLog(settings.proxy.audit_log))
-            yield
+            app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
+            prober = asyncio.create_task(_health_loop(
+                registry, upstream, settings.proxy.health_interval_s, settings.proxy.health_timeout_s))
+            try:
+                yield
+            finally:
+                prober.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prober
 
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
 
     @app.middleware("http")
-    async def request_id(request: Request, call_next):
+    async def request_id_and_auth(request: Request, call_next):
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        if api_key and request.url.path not in OPEN_PATHS:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return error_response(Unauthorized("missing or wrong bearer token"), request.state.request_id)
         response = await call_next(request)
         response.headers.setdefault("x-request-id", request.state.request_id)
         return response
@@ -128,12 +162,34 @@ def create_app(settings: Settings) -> FastAPI:
         return error_response(exc, getattr(request.state, "request_id", None))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc, getattr(request.state, "request_id", None))
+    async def request_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc.errors()), getattr(request.state, "request_id", None))
 
     @app.post("/score", response_model=ScoreResponse)
     async def score(body: ScoreRequest, scorer: ScorerDep) -> ScoreResponse:
         return await scorer.score(body)
+
+    @app.post("/score/batch")
+    async def score_batch(body: BatchScoreRequest, scorer: ScorerDep) -> JSONResponse:
+        if len(body.items) > settings.proxy.max_batch_items:
+            raise InvalidRequest(f"{len(body.items)} items is over the batch cap of "
+                                 f"{settings.proxy.max_batch_items} (proxy.max_batch_items)", field="items")
+        results = await scorer.score_batch(body.items)
+        ok = sum(r["ok"] for r in results)
+        return JSONResponse({"results": results, "summary": {"ok": ok, "failed": len(results) - ok}})
+
+    @app.get("/v1/models")
+    async def models(passthrough: PassthroughDep) -> JSONResponse:
+        return JSONResponse(passthrough.models())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, passthrough: PassthroughDep) -> Response:
+        relayed = await passthrough.relay(await request.body())
+        headers = {"x-upstream-attempts": str(relayed.attempts)}
+        if relayed.stream is not None:
+            return StreamingResponse(relayed.stream, media_type=relayed.media_type, headers=headers)
+        return Response(relayed.content, status_code=relayed.status_code, media_type=relayed.media_type,
+                        headers=headers)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
@@ -141,7 +197,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+        metrics: Metrics = request.app.state.metrics
+        for backend in request.app.state.registry.backends.values():
+            metrics.queue_length.labels(backend.name).set(backend.pool.waiting)
+            for endpoint in backend.pool.endpoints:
+                metrics.endpoint_in_flight.labels(backend.name, endpoint.base_url).set(endpoint.in_flight)
+                metrics.circuit_open.labels(backend.name, endpoint.base_url).set(int(endpoint.circuit_open))
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(BodySizeLimit, max_bytes=int(settings.proxy.max_body_mb * 2**20))
     return app
@@ -158,9 +220,10 @@ async def _health(app: FastAPI) -> JSONResponse:
     backends: dict[str, Any] = {}
     for (backend, endpoint), result in zip(checks, results, strict=True):
         entry = backends.setdefault(backend.name, {"model": backend.config.model,
-                                                   "aliases": backend.config.aliases,
-                                                   "ready": False, "endpoints": []})
-        entry["endpoints"].append({"url": endpoint.base_url, "in_flight": endpoint.in_flight, **result})
+                                                   "aliases": backend.config.aliases, "ready": False,
+                                                   "queue": backend.pool.waiting, "endpoints": []})
+        entry["endpoints"].append({"url": endpoint.base_url, "in_flight": endpoint.in_flight,
+                                   "circuit": endpoint.state(), **result})
         entry["ready"] = entry["ready"] or result["ready"]
     ready = [b["ready"] for b in backends.values()]
     status = "ok" if all(ready) else ("degraded" if any(ready) else "unavailable")

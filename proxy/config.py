@@ -42,6 +42,11 @@ class ProxySettings(_Strict):
     audit_log: Path | None = None
     # Bounded wait for a backend's /health and /v1/models when /health is asked.
     health_timeout_s: float = Field(2.0, gt=0)
+    # Background readiness polling of every endpoint (closes circuits of recovered replicas).
+    health_interval_s: float = Field(5.0, gt=0)
+    max_batch_items: PositiveInt = 512  # POST /score/batch
+    # Name of the env var holding a bearer token required on every route but /health.
+    api_key_env: str | None = None
 
 
 class SamplingConfig(_Strict):
@@ -88,6 +93,19 @@ class RetryConfig(_Strict):
         return v
 
 
+class CircuitConfig(_Strict):
+    """Take a failing endpoint out of rotation; bring it back after a cool-down or a good probe."""
+
+    failures: PositiveInt = 5  # consecutive transport/5xx failures that open the circuit
+    cooldown_s: float = Field(30.0, gt=0)  # then one trial request is let through
+
+
+class AdmissionConfig(_Strict):
+    max_in_flight_per_endpoint: PositiveInt = 64  # never flood one replica
+    # Requests waiting for a free endpoint slot; beyond this the proxy answers 429 + Retry-After.
+    max_queue: PositiveInt = 512
+
+
 class ReplicaLaunch(_Strict):
     gpus: list[Annotated[int, Field(ge=0)]]
     port: int = Field(ge=1, le=65535)
@@ -130,6 +148,8 @@ class BackendConfig(_Strict):
     frames: FramesConfig = FramesConfig()
     score_mode: ScoreMode = "auto"
     retry: RetryConfig = RetryConfig()
+    circuit: CircuitConfig = CircuitConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     # Per-request media_io_kwargs need `vllm serve --trust-request-mm-kwargs`. Turning this off
     # is for servers started without it: vLLM then keeps at most its --media-io-kwargs
     # num_frames (32 by default) and assumes fps 1.
@@ -163,6 +183,10 @@ class Settings(_Strict):
                     raise ValueError(f"name {label!r} is used by backends {seen[label]!r} and {name!r}")
                 seen[label] = name
         return self
+
+    def proxy_api_key(self) -> str | None:
+        env = self.proxy.api_key_env
+        return os.environ.get(env) or None if env else None
 
     def warnings(self) -> list[str]:
         return [

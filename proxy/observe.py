@@ -31,6 +31,15 @@ class Metrics:
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.stage = Histogram("vlm_proxy_stage_seconds", "Time per pipeline stage", ["stage"],
                                buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("vlm_proxy_queue_wait_seconds",
+                                    "Wait for a free endpoint slot (admission queue)", ["backend"],
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_length = Gauge("vlm_proxy_queue_length", "Requests waiting for an endpoint slot",
+                                  ["backend"], registry=r)
+        self.endpoint_in_flight = Gauge("vlm_proxy_endpoint_in_flight", "Requests in flight per endpoint",
+                                        ["backend", "endpoint"], registry=r)
+        self.circuit_open = Gauge("vlm_proxy_circuit_open", "1 while an endpoint is out of rotation",
+                                  ["backend", "endpoint"], registry=r)
         self.in_flight = Gauge("vlm_proxy_in_flight", "Scoring requests in progress", ["backend"],
                                registry=r)
 

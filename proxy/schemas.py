@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from proxy.errors import InvalidRequest
+
 
 class ScoreRequest(BaseModel):
     """POST /score. Field names follow the seed server so its clients keep working."""
@@ -68,3 +70,18 @@ class ScoreResponse(BaseModel):
     sampling: dict[str, Any]
     endpoint: str
     timings_ms: dict[str, float]  # load, encode, upstream, total
+
+
+class BatchScoreRequest(BaseModel):
+    """POST /score/batch. Items are validated one by one, so one bad item fails alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[dict[str, Any]] = Field(min_length=1)
+
+
+def validation_error(errors: list[Any]) -> InvalidRequest:
+    """A pydantic error list as our 422, naming the first bad field (body prefix dropped)."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return InvalidRequest(f"{field}: {first['msg']}" if field else str(first["msg"]), field=field)

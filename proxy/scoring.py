@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,52 +15,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from proxy.backends import Backend, BackendRegistry
 from proxy.config import BackendConfig, SamplingConfig, Settings
-from proxy.errors import (
-    InvalidRequest,
-    ProxyError,
-    ScoreParseError,
-    TokenBudgetExceeded,
-    UnknownBackend,
-)
+from proxy.errors import InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
 from proxy.layouts import build_chat_body, estimate_prompt_tokens
 from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
 from proxy.observe import AuditLog, Metrics
 from proxy.parse import MODES, ParsedScore, parse_score
 from proxy.prompts import PromptStore
 from proxy.retry import Attempt, call_with_retries
-from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
-from proxy.upstream import ChatReply, EndpointPool, UpstreamClient
+from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse, validation_error
+from proxy.upstream import ChatReply, UpstreamClient
 
+log = logging.getLogger(__name__)
 SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
-
-
-@dataclass
-class Backend:
-    name: str
-    config: BackendConfig
-    pool: EndpointPool
-
-
-class BackendRegistry:
-    """Backends by name and alias; the first configured one is the default."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.backends = {name: Backend(name, cfg, EndpointPool.from_urls(cfg.endpoints))
-                         for name, cfg in settings.backends.items()}
-        self._by_label = {label: b for b in self.backends.values()
-                          for label in (b.name, b.config.model, *b.config.aliases)}
-        self.default = next(iter(self.backends.values()))
-
-    def resolve(self, label: str | None) -> Backend:
-        if label is None:
-            return self.default
-        try:
-            return self._by_label[label]
-        except KeyError:
-            known = sorted(self._by_label)
-            raise UnknownBackend(f"unknown backend {label!r}; known: {', '.join(known)}",
-                                 field="backend") from None
 
 
 @dataclass(frozen=True)
@@ -82,12 +51,16 @@ class Scorer:
         self.metrics = metrics
         self.audit = audit
 
-    async def score(self, request: ScoreRequest) -> ScoreResponse:
+    async def score(self, request: ScoreRequest, *, admit: bool = True) -> ScoreResponse:
+        """Score one episode. `admit=False` skips the queue-full check (batch items were
+        admitted as a whole); they still wait for endpoint slots like everyone else."""
         started = time.perf_counter()
         backend = self.registry.resolve(request.backend)
         labels = {"backend": backend.name}
         self.metrics.in_flight.labels(**labels).inc()
         try:
+            if admit:
+                backend.pool.check_admission()
             response = await self._score(request, backend, started)
         except ProxyError as err:
             self.metrics.requests.labels(route="score", outcome=err.code, **labels).inc()
@@ -122,15 +95,8 @@ class Scorer:
             if attempt.parse_round > 0 and cfg.retry.parse_retry_temperature is not None:
                 payload = json.dumps({**body, "temperature": cfg.retry.parse_retry_temperature},
                                      separators=(",", ":")).encode()
-            endpoint = backend.pool.pick(attempt.avoid)
-            try:
-                reply = await self.upstream.chat(endpoint, payload, timeout_s=attempt.timeout_s,
-                                                 api_key=cfg.api_key())
-            except ProxyError as err:
-                self.metrics.upstream_calls.labels(backend.name, endpoint.base_url, err.code).inc()
-                raise
-            self.metrics.upstream_calls.labels(backend.name, endpoint.base_url, "ok").inc()
-            return reply
+            return await backend.call(attempt.avoid, self.metrics, lambda endpoint: self.upstream.chat(
+                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
 
         def parse(reply: ChatReply) -> ParsedScore:
             try:
@@ -156,6 +122,26 @@ class Scorer:
                         "upstream": round((finished - upstream_started) * 1e3, 3),
                         "total": round((finished - started) * 1e3, 3)},
         )
+
+    async def score_batch(self, items: list[Any]) -> list[dict[str, Any]]:
+        """Every item scored concurrently; each gets its own result or its own error, in order."""
+
+        async def one(index: int, item: Any) -> dict[str, Any]:
+            try:
+                request = ScoreRequest.model_validate(item)
+                result = await self.score(request, admit=False)
+            except ValidationError as err:
+                failure: ProxyError = validation_error(err.errors())
+            except ProxyError as err:
+                failure = err
+            except Exception as err:  # noqa: BLE001 - one broken item must not sink the batch
+                log.exception("batch item %d failed unexpectedly", index)
+                failure = ProxyError(f"internal error: {type(err).__name__}")
+            else:
+                return {"index": index, "ok": True, "status": 200, "result": result.model_dump(mode="json")}
+            return {"index": index, "ok": False, "status": failure.status_code, "error": failure.to_dict()}
+
+        return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
 
     def _resolve(self, request: ScoreRequest, cfg: BackendConfig, template_vars: set[str]) -> _Resolved:
         proxy = self.settings.proxy

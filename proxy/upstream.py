@@ -1,8 +1,7 @@
 """The only module that talks to `vllm serve`, and the only place its failures are translated.
 
-One shared httpx.AsyncClient per process (connection pool, keep-alive). Each backend has a pool
-of endpoints; a request goes to the endpoint with the fewest requests in flight, skipping the
-ones a retry wants to avoid.
+One shared httpx.AsyncClient per process (connection pool, keep-alive). Which endpoint to call
+is pool.py's business; this module makes the call and turns every failure into a ProxyError.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -22,39 +21,9 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from proxy.pool import Endpoint
 
 _MM_KWARGS_PARAMS = ("media_io_kwargs", "mm_processor_kwargs")
-
-
-@dataclass
-class Endpoint:
-    base_url: str  # ends in /v1
-    in_flight: int = 0
-    requests: int = 0
-    failures: int = 0
-
-    @property
-    def server_root(self) -> str:
-        """Where /health lives: vLLM serves it beside /v1, not under it."""
-        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
-
-
-@dataclass
-class EndpointPool:
-    endpoints: list[Endpoint]
-    _next: int = field(default=0)
-
-    @classmethod
-    def from_urls(cls, urls: list[str]) -> EndpointPool:
-        return cls([Endpoint(u) for u in urls])
-
-    def pick(self, avoid: set[str] | None = None) -> Endpoint:
-        """Least requests in flight; ties go round-robin. `avoid` is a wish, not a must."""
-        candidates = [e for e in self.endpoints if not avoid or e.base_url not in avoid] or self.endpoints
-        least = min(e.in_flight for e in candidates)
-        tied = [e for e in candidates if e.in_flight == least]
-        self._next += 1
-        return tied[self._next % len(tied)]
 
 
 @dataclass(frozen=True)
@@ -113,31 +82,44 @@ class UpstreamClient:
     def __init__(self, http: httpx.AsyncClient) -> None:
         self.http = http
 
-    async def chat(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
-                   api_key: str | None = None) -> ChatReply:
-        """POST /chat/completions once. Raises only proxy errors (see errors.py)."""
-        url = endpoint.base_url + "/chat/completions"
+    async def _post(self, endpoint: Endpoint, path: str, body: bytes, timeout_s: float,
+                    api_key: str | None, stream: bool = False) -> httpx.Response:
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        endpoint.in_flight += 1
-        endpoint.requests += 1
+        request = self.http.build_request("POST", endpoint.base_url + path, content=body, headers=headers,
+                                          timeout=timeout_s)
         try:
-            response = await self.http.post(url, content=body, headers=headers, timeout=timeout_s)
+            return await self.http.send(request, stream=stream)
         except httpx.TimeoutException as err:
-            endpoint.failures += 1
             raise UpstreamTimeout(f"{endpoint.base_url} did not answer within {timeout_s:.1f}s",
                                   endpoint=endpoint.base_url) from err
         except httpx.TransportError as err:
-            endpoint.failures += 1
             raise UpstreamUnavailable(f"{endpoint.base_url}: {type(err).__name__}: {err}",
                                       endpoint=endpoint.base_url) from err
-        finally:
-            endpoint.in_flight -= 1
+
+    async def chat(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
+                   api_key: str | None = None) -> ChatReply:
+        """POST /chat/completions once and read the reply. Raises only proxy errors."""
+        response = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key)
         if response.status_code != 200:
-            endpoint.failures += 1
             raise translate_status(response, endpoint.base_url)
         return _read_completion(response, endpoint.base_url)
+
+    async def forward(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
+                      api_key: str | None = None, stream: bool = False) -> httpx.Response:
+        """Pass-through for /v1/chat/completions: a 2xx or a non-retryable 4xx comes back as is
+        (streamed when asked; the caller closes it); a retryable failure raises for the policy."""
+        response = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key, stream)
+        if response.status_code == 429 or response.status_code >= 500:
+            if stream:
+                await response.aread()
+                await response.aclose()
+            raise translate_status(response, endpoint.base_url)
+        if stream and response.status_code != 200:
+            await response.aread()
+            await response.aclose()
+        return response
 
     async def check(self, endpoint: Endpoint, model: str, timeout_s: float) -> dict[str, Any]:
         """Readiness as vLLM shows it: /health is 200 and /v1/models lists the model."""

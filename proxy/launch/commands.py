@@ -37,6 +37,7 @@ MANAGED_FLAGS = {
     "--host": "launch.host",
     "--port": "launch.replicas[].port",
     "--seed": "launch.seed",
+    "--api-key": "backends.<name>.api_key_env (passed to vLLM as VLLM_API_KEY)",
 }
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -108,6 +109,10 @@ class ReplicaCommand:
     port: int
     argv: list[str]
     env: dict[str, str]  # additions to the parent's environment, CUDA_VISIBLE_DEVICES included
+    # backends.<name>.api_key_env: its value goes to the server as VLLM_API_KEY (never printed,
+    # never on the command line) and authorises the readiness probes of /v1/models.
+    api_key_env: str | None = None
+    api_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -122,7 +127,11 @@ class ReplicaCommand:
         return f"http://{_url_host(self.probe_host)}:{self.port}"
 
     def shell_line(self) -> str:
-        return shell_line(self.argv, self.env)
+        line = shell_line(self.argv, self.env)
+        return f'VLLM_API_KEY="${self.api_key_env}" {line}' if self.api_key_env else line
+
+    def full_env(self) -> dict[str, str]:
+        return {**self.env, **({"VLLM_API_KEY": self.api_key} if self.api_key else {})}
 
 
 @dataclass
@@ -160,6 +169,12 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
         if strict:
             raise
         errors.append(err.message)
+    api_key = None
+    if backend.api_key_env:
+        api_key = env.get(backend.api_key_env)
+        if not api_key:
+            errors.append(f"backends.{name}.api_key_env names {backend.api_key_env}, which is not "
+                          "set: the server would refuse the proxy (and the readiness probe)")
     limit_mm = launch.limit_mm_per_prompt or default_limit_mm(backend)
     commands = []
     for index, replica in enumerate(launch.replicas):
@@ -172,7 +187,8 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
         replica_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, replica.gpus)), **child_env}
         commands.append(ReplicaCommand(backend=name, index=index, model=backend.model,
                                        gpus=tuple(replica.gpus), host=launch.host,
-                                       port=replica.port, argv=argv, env=replica_env))
+                                       port=replica.port, argv=argv, env=replica_env,
+                                       api_key_env=backend.api_key_env, api_key=api_key))
     return commands, errors
 
 

@@ -1,0 +1,66 @@
+"""Configured backends by name or alias, each with its endpoint pool, and the one way to call them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from proxy.config import BackendConfig, Settings
+from proxy.errors import RETRYABLE_UPSTREAM, UnknownBackend, UpstreamError
+from proxy.observe import Metrics
+from proxy.pool import Endpoint, EndpointPool
+
+T = TypeVar("T")
+
+
+@dataclass
+class Backend:
+    name: str
+    config: BackendConfig
+    pool: EndpointPool
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.name, self.config.model, *self.config.aliases]
+
+    async def call(self, avoid: set[str], metrics: Metrics, fn: Callable[[Endpoint], Awaitable[T]]) -> T:
+        """Run one upstream call on a reserved endpoint, feeding the outcome to its circuit."""
+        queued = time.perf_counter()
+        async with self.pool.acquire(avoid) as endpoint:
+            metrics.queue_wait.labels(self.name).observe(time.perf_counter() - queued)
+            try:
+                result = await fn(endpoint)
+            except UpstreamError as err:
+                self.note_failure(endpoint, err, metrics)
+                raise
+            metrics.upstream_calls.labels(self.name, endpoint.base_url, "ok").inc()
+            return result
+
+    def note_failure(self, endpoint: Endpoint, err: UpstreamError, metrics: Metrics) -> None:
+        # 429 is back-pressure and a 4xx is our request's fault: neither means the replica is broken.
+        broken = isinstance(err, RETRYABLE_UPSTREAM) and err.upstream_status != 429
+        self.pool.record_failure(endpoint, counts_for_circuit=broken)
+        metrics.upstream_calls.labels(self.name, endpoint.base_url, err.code).inc()
+
+
+class BackendRegistry:
+    """Backends by name, served model name and alias; the first configured one is the default."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.backends = {
+            name: Backend(name, cfg, EndpointPool(cfg.endpoints, cfg.admission, cfg.circuit))
+            for name, cfg in settings.backends.items()
+        }
+        self._by_label = {label: b for b in self.backends.values() for label in b.labels}
+        self.default = next(iter(self.backends.values()))
+
+    def resolve(self, label: str | None, field: str = "backend") -> Backend:
+        if label is None:
+            return self.default
+        try:
+            return self._by_label[label]
+        except KeyError:
+            known = sorted(self._by_label)
+            raise UnknownBackend(f"unknown {field} {label!r}; known: {', '.join(known)}", field=field) from None

@@ -1,0 +1,283 @@
+"""`vlm-reward-proxy up` and `down`: the stack of `vllm serve` processes plus the proxy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from proxy.config import Settings, load_settings
+from proxy.errors import ConfigError
+from proxy.launch.commands import Plan, gpu_assignment, plan_stack, shell_line
+from proxy.launch.stack import (
+    Stack,
+    StackFailure,
+    StopRequested,
+    ports_in_use,
+    read_pid_file,
+    stop_from_pid_file,
+    tail_lines,
+    up_is_running,
+)
+
+DEFAULT_TIMEOUT_S = 1800.0  # a cold 7B load (weights from disk, compile, CUDA graphs) fits easily
+DEFAULT_GRACE_S = 20.0
+PID_FILE_NAME = "stack.json"
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser(
+        "up", help="start every `vllm serve` of a config, wait until ready, then the proxy",
+        description="Start one `vllm serve` per replica of each backend's `launch` section (GPUs "
+                    "via CUDA_VISIBLE_DEVICES, each in its own process group, output in "
+                    "RUNS_DIR/<timestamp>/<backend>-r<i>.log), wait until each answers /health "
+                    "and lists its model in /v1/models, then run the proxy. Ctrl-C or SIGTERM "
+                    "stops everything (SIGTERM, then SIGKILL after --grace) and reports exit "
+                    "codes. A server that dies while loading stops the whole stack.")
+    up.add_argument("--config", required=True, metavar="FILE", help="proxy YAML with launch sections")
+    up.add_argument("--dry-run", action="store_true",
+                    help="print the commands, GPU assignment and checks; start nothing")
+    up.add_argument("--allow-gpu-overlap", action="store_true",
+                    help="allow two replicas on one GPU (an error otherwise)")
+    up.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                    help=f"seconds to wait for all servers to be ready (default {DEFAULT_TIMEOUT_S:g})")
+    up.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+                    help=f"seconds between SIGTERM and SIGKILL at shutdown (default {DEFAULT_GRACE_S:g})")
+    up.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
+                    help="seconds between readiness probes and liveness checks (default 1)")
+    up.add_argument("--progress-interval", type=float, default=15.0, metavar="S",
+                    help="seconds between 'still loading' lines (default 15)")
+    up.add_argument("--runs-dir", default="runs", metavar="DIR",
+                    help="where run directories and the pid file go (default ./runs)")
+    up.add_argument("--run-dir", default=None, metavar="DIR",
+                    help="log directory of this run (default RUNS_DIR/<timestamp>)")
+    up.add_argument("--pid-file", default=None, metavar="FILE",
+                    help=f"JSON pid file for `down` (default RUNS_DIR/{PID_FILE_NAME})")
+    up.add_argument("--vllm", default=None, metavar="EXE",
+                    help="the vllm executable (default $VLLM_BIN, else `vllm` on PATH)")
+    up.add_argument("--no-proxy", action="store_true", help="start the vLLM servers only")
+    up.add_argument("--logs", choices=["none", "proxy", "all"], default="proxy",
+                    help="child logs echoed to the console with a [name] prefix (default proxy); "
+                         "every log is always written to the run directory")
+    up.add_argument("--detach", action="store_true",
+                    help="run the stack in the background; return once it is ready (0) or "
+                         "failed (non-zero); stop it with `down`")
+    up.set_defaults(func=run_up_command)
+
+    down = subparsers.add_parser(
+        "down", help="stop a stack started by `up` (e.g. with --detach)",
+        description="Stop the stack recorded in a pid file: SIGTERM to `up` (which stops its "
+                    "children), then SIGTERM/SIGKILL to any process group still alive.")
+    down.add_argument("--runs-dir", default="runs", metavar="DIR", help="default ./runs")
+    down.add_argument("--pid-file", default=None, metavar="FILE",
+                      help=f"the pid file `up` wrote (default RUNS_DIR/{PID_FILE_NAME})")
+    down.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+                      help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE_S:g})")
+    down.set_defaults(func=run_down_command)
+
+
+def _pid_file(args: argparse.Namespace) -> Path:
+    return Path(args.pid_file or Path(args.runs_dir) / PID_FILE_NAME).absolute()
+
+
+def proxy_argv(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
+
+
+def _proxy_url(settings: Settings) -> str:
+    host = settings.proxy.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.proxy.port}"
+
+
+def _new_run_dir(runs_dir: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir, n = runs_dir / stamp, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = runs_dir / f"{stamp}-{n}"
+    return run_dir
+
+
+def run_up_command(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness probe otherwise
+    config_path = Path(args.config).absolute()
+    vllm = args.vllm or os.environ.get("VLLM_BIN") or "vllm"
+    try:
+        settings = load_settings(config_path)
+        plan = plan_stack(settings, os.environ, allow_gpu_overlap=args.allow_gpu_overlap,
+                          vllm=vllm, strict=False)
+    except ConfigError as err:
+        warn(f"error: {err.message}")
+        return 2
+    endpoints = [(c.host, c.port, c.name) for c in plan.commands]
+    if not args.no_proxy:
+        endpoints.append((settings.proxy.host, settings.proxy.port, "proxy"))
+    if args.dry_run:
+        print_plan(plan, settings, config_path, Path(args.runs_dir), not args.no_proxy)
+        for error in ports_in_use(endpoints):
+            say(f"note: {error}")
+        return 2 if plan.errors else 0
+    errors = list(plan.errors)
+    if not errors:
+        errors += ports_in_use(endpoints)
+        if shutil.which(vllm) is None:
+            errors.append(f"vllm executable {vllm!r} not found (activate the vLLM environment, "
+                          "or pass --vllm /path/to/vllm or set VLLM_BIN)")
+    pid_file = _pid_file(args)
+    running = read_pid_file(pid_file)
+    if running is not None and up_is_running(running):
+        errors.append(f"a stack is already running (`up` pid {running['up_pid']}, pid file "
+                      f"{pid_file}); stop it with `vlm-reward-proxy down` or use --pid-file")
+    for line in plan.warnings:
+        warn(f"warning: {line}")
+    if errors:
+        for line in errors:
+            warn(f"error: {line}")
+        return 2
+    run_dir = Path(args.run_dir).absolute() if args.run_dir else _new_run_dir(Path(args.runs_dir).absolute())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "commands.sh").write_text(
+        "".join(f"# {c.name}\n{c.shell_line()}\n" for c in plan.commands))
+    if args.detach:
+        return _detach(args, config_path, run_dir, pid_file, vllm)
+    return run_up(plan, settings, config_path, run_dir, pid_file, args)
+
+
+def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid_file: Path,
+           args: argparse.Namespace) -> int:
+    stack = Stack(run_dir, say=say, pid_file=pid_file, config_path=config_path,
+                  poll_interval_s=args.poll_interval, progress_interval_s=args.progress_interval,
+                  grace_s=args.grace, echo=args.logs)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, stack.on_signal)
+    code = 0
+    say(f"run directory: {run_dir}")
+    try:
+        replicas = [stack.start_replica(command) for command in plan.commands]
+        stack.wait_ready(replicas, args.timeout)
+        if not args.no_proxy:
+            argv = proxy_argv(config_path)
+            say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
+            proxy = stack.start("proxy", argv, {}, _proxy_url(settings), None)
+            stack.wait_ready([proxy], min(args.timeout, 120.0))
+        stack.write_pid_file("running")
+        say(f"stack is up: {', '.join(c.name for c in replicas)}"
+            + ("" if args.no_proxy else f"; proxy at {_proxy_url(settings)}")
+            + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
+        stack.monitor()
+    except StopRequested:
+        say("stop requested")
+    except StackFailure as failure:
+        warn(f"error: {failure}")
+        code = 1
+    finally:
+        say("stopping: SIGTERM to every process group"
+            + (f", SIGKILL after {args.grace:g}s" if stack.children else ""))
+        for line in stack.shutdown():
+            say(f"  {line}")
+        stack.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return code
+
+
+def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path,
+               with_proxy: bool) -> None:
+    log_dir = runs_dir / "<timestamp>"
+    say(f"dry run of {config_path}: nothing is started")
+    say("GPU assignment:")
+    for gpu, names in gpu_assignment(plan.commands).items():
+        say(f"  GPU {gpu}: {', '.join(names)}" + ("   <-- OVERLAP" if len(names) > 1 else ""))
+    say("vllm serve processes:")
+    for c in plan.commands:
+        say(f"  {c.name}: GPU{'s' if len(c.gpus) > 1 else ''} {','.join(map(str, c.gpus))}, "
+            f"{c.base_url}/v1, "
+            f"log {log_dir / (c.name + '.log')}")
+        say(f"    {c.shell_line()}")
+    if with_proxy:
+        say(f"proxy: {_proxy_url(settings)}, log {log_dir / 'proxy.log'}")
+        say(f"    {shell_line(proxy_argv(config_path))}")
+    for name in plan.not_launched:
+        say(f"not launched (no launch section; its endpoints must already be up): {name}")
+    for line in plan.warnings:
+        say(f"warning: {line}")
+    for line in plan.errors:
+        say(f"error: {line}")
+    say("checks: ok (no GPU overlap, no port clash, endpoints match)" if not plan.errors
+        else f"checks: {len(plan.errors)} error(s)")
+
+
+def _detach(args: argparse.Namespace, config_path: Path, run_dir: Path, pid_file: Path,
+            vllm: str) -> int:
+    """Run `up` in its own session with output to RUN_DIR/up.log; wait until running or failed."""
+    argv = [sys.executable, "-m", "proxy.cli", "up", "--config", str(config_path),
+            "--run-dir", str(run_dir), "--pid-file", str(pid_file), "--vllm", vllm,
+            "--timeout", str(args.timeout), "--grace", str(args.grace),
+            "--poll-interval", str(args.poll_interval),
+            "--progress-interval", str(args.progress_interval), "--logs", args.logs,
+            *(["--no-proxy"] if args.no_proxy else []),
+            *(["--allow-gpu-overlap"] if args.allow_gpu_overlap else [])]
+    up_log = run_dir / "up.log"
+    with open(up_log, "ab") as log:
+        # No Popen object: the background `up` outlives this process, which must not reap it.
+        pid = os.posix_spawn(argv[0], argv, dict(os.environ), setsid=True, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log.fileno(), 1), (os.POSIX_SPAWN_DUP2, log.fileno(), 2)])
+    say(f"`up` runs in the background (pid {pid}); its output: {up_log}")
+    offset = 0
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            offset = _echo_new(up_log, offset)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                warn(f"error: the background stack stopped (exit {code}); see {up_log}:\n"
+                     + tail_lines(up_log, 5))
+                return code or 1
+            data = read_pid_file(pid_file) or {}
+            if data.get("up_pid") == pid and data.get("state") == "running":
+                say(f"stack is up; stop it with: vlm-reward-proxy down --pid-file {pid_file}")
+                return 0
+            time.sleep(args.poll_interval)
+    except KeyboardInterrupt:
+        warn(f"still starting in the background (pid {pid}); stop it with "
+             f"`vlm-reward-proxy down --pid-file {pid_file}`")
+        return 130
+
+
+def _echo_new(path: Path, offset: int) -> int:
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            data = log.read()
+    except OSError:
+        return offset
+    end = data.rfind(b"\n") + 1
+    if end:
+        sys.stdout.write(data[:end].decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + end
+
+
+def run_down_command(args: argparse.Namespace) -> int:
+    return stop_from_pid_file(_pid_file(args), grace_s=args.grace, say=say)
+
+
+__all__ = ["add_subcommands", "run_up_command", "run_down_command"]

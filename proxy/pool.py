@@ -1,0 +1,193 @@
+"""A backend's replicas: balancing, per-endpoint caps, circuit breakers, and the admission queue.
+
+- `acquire` hands out the usable endpoint with the fewest requests in flight (ties round-robin),
+  below its in-flight cap, preferring ones this request has not failed on yet. When all are at
+  their cap the caller waits in a bounded queue; a full queue is `Overloaded` (429) at once.
+- An endpoint's circuit opens after `failures` consecutive transport/5xx failures: it gets no
+  traffic until `cooldown_s` passes (then one trial request) or a background health probe
+  finds it ready. Success closes it. 429 is back-pressure, not breakage: it does not count.
+- No usable endpoint at all (every circuit open) fails fast with UpstreamUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from proxy.config import AdmissionConfig, CircuitConfig
+from proxy.errors import Overloaded, UpstreamUnavailable
+
+
+@dataclass
+class Endpoint:
+    base_url: str  # ends in /v1
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    open_until: float = 0.0  # monotonic; 0 = circuit closed
+    trial_in_flight: bool = False
+    last_check: dict | None = None
+
+    @property
+    def server_root(self) -> str:
+        """Where /health lives: vLLM serves it beside /v1, not under it."""
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    @property
+    def circuit_open(self) -> bool:
+        return self.open_until > 0
+
+    def state(self) -> str:
+        if not self.circuit_open:
+            return "closed"
+        return "half_open" if time.monotonic() >= self.open_until else "open"
+
+
+class EndpointPool:
+    def __init__(self, urls: list[str], admission: AdmissionConfig | None = None,
+                 circuit: CircuitConfig | None = None) -> None:
+        self.endpoints = [Endpoint(u) for u in urls]
+        self.admission = admission or AdmissionConfig()
+        self.circuit = circuit or CircuitConfig()
+        self.waiting = 0
+        self._turn = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @classmethod
+    def from_urls(cls, urls: list[str]) -> EndpointPool:
+        return cls(urls)
+
+    # -- choosing -----------------------------------------------------------------------------
+    def _usable(self, endpoint: Endpoint, now: float) -> bool:
+        if endpoint.in_flight >= self.admission.max_in_flight_per_endpoint:
+            return False
+        if not endpoint.circuit_open:
+            return True
+        return now >= endpoint.open_until and not endpoint.trial_in_flight  # half-open: one trial
+
+    def _any_alive(self, now: float) -> bool:
+        return any(not e.circuit_open or now >= e.open_until for e in self.endpoints)
+
+    def _choose(self, avoid: set[str]) -> Endpoint | None:
+        now = time.monotonic()
+        usable = [e for e in self.endpoints if self._usable(e, now)]
+        preferred = [e for e in usable if e.base_url not in avoid] or usable
+        if not preferred:
+            return None
+        least = min(e.in_flight for e in preferred)
+        tied = [e for e in preferred if e.in_flight == least]
+        self._turn += 1
+        chosen = tied[self._turn % len(tied)]
+        if chosen.circuit_open:
+            chosen.trial_in_flight = True
+        return chosen
+
+    def pick(self, avoid: set[str] | None = None) -> Endpoint:
+        """Choose without reserving (for callers that track nothing, e.g. probes)."""
+        return self._choose(avoid or set()) or self.endpoints[0]
+
+    def check_admission(self) -> None:
+        """Refuse early (before any media work) when the queue is already full."""
+        if self.waiting >= self.admission.max_queue:
+            raise Overloaded(f"{self.waiting} requests already wait for this backend "
+                             f"(admission.max_queue {self.admission.max_queue})", retry_after_s=1.0)
+
+    @asynccontextmanager
+    async def acquire(self, avoid: set[str] | None = None) -> AsyncIterator[Endpoint]:
+        """Reserve an in-flight slot on one endpoint for the duration of the block."""
+        endpoint = await self.reserve(avoid)
+        ok = False
+        try:
+            yield endpoint
+            ok = True
+        finally:
+            self.release(endpoint, ok)
+
+    async def reserve(self, avoid: set[str] | None = None) -> Endpoint:
+        """Take a slot; the caller must `release` it (streams hold it until the last byte)."""
+        avoid = avoid or set()
+        endpoint = self._choose(avoid)
+        if endpoint is None:
+            self.check_admission()
+            self.waiting += 1
+            try:
+                endpoint = await self._wait_for_slot(avoid)
+            finally:
+                self.waiting -= 1
+        endpoint.in_flight += 1
+        endpoint.requests += 1
+        return endpoint
+
+    async def _wait_for_slot(self, avoid: set[str]) -> Endpoint:
+        """FIFO: each release wakes exactly one waiter (no thundering herd at 1000 waiting)."""
+        loop = asyncio.get_running_loop()
+        front = False
+        while True:
+            if not self._any_alive(time.monotonic()):
+                raise self._all_down()
+            woken = loop.create_future()
+            (self._waiters.appendleft if front else self._waiters.append)(woken)
+            try:
+                # Wake on a release, or now and then to notice a cool-down ending.
+                await asyncio.wait({woken}, timeout=0.5)
+            finally:
+                if not woken.done():
+                    self._waiters.remove(woken)
+                    woken.cancel()
+            endpoint = self._choose(avoid)
+            if endpoint is not None:
+                return endpoint
+            front = woken.done() and not woken.cancelled()  # woken but beaten to it: keep its place
+
+    def _all_down(self) -> UpstreamUnavailable:
+        return UpstreamUnavailable(
+            f"every endpoint of this backend is out of rotation (circuit open after "
+            f"{self.circuit.failures} consecutive failures): "
+            + ", ".join(e.base_url for e in self.endpoints))
+
+    def release(self, endpoint: Endpoint, ok: bool) -> None:
+        endpoint.in_flight -= 1
+        endpoint.trial_in_flight = False
+        if ok:
+            self.record_success(endpoint)
+        self._notify()
+
+    def _notify(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # -- outcomes ------------------------------------------------------------------------------
+    def record_success(self, endpoint: Endpoint) -> None:
+        endpoint.consecutive_failures = 0
+        endpoint.open_until = 0.0
+
+    def record_failure(self, endpoint: Endpoint, *, counts_for_circuit: bool = True) -> None:
+        endpoint.failures += 1
+        if not counts_for_circuit:
+            return
+        endpoint.consecutive_failures += 1
+        if endpoint.circuit_open or endpoint.consecutive_failures >= self.circuit.failures:
+            endpoint.open_until = time.monotonic() + self.circuit.cooldown_s
+
+    def record_probe(self, endpoint: Endpoint, result: dict) -> None:
+        """A background readiness probe: ready closes the circuit, not ready opens it."""
+        endpoint.last_check = result
+        if result.get("ready"):
+            if endpoint.circuit_open:
+                self.record_success(endpoint)
+                self._notify()
+        elif not endpoint.circuit_open:
+            endpoint.open_until = time.monotonic() + self.circuit.cooldown_s
+
+    def snapshot(self) -> dict:
+        return {"waiting": self.waiting,
+                "endpoints": [{"url": e.base_url, "in_flight": e.in_flight, "requests": e.requests,
+                               "failures": e.failures, "circuit": e.state()} for e in self.endpoints]}
