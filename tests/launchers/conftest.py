@@ -1,0 +1,179 @@
+"""Fixtures for the launcher tests: the stand-in `vllm` first on PATH, free loopback ports,
+configs with launch sections written to disk, and a reaper that kills every process group a test
+started, whatever happened in the test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS_DIR = REPO / "prompts"
+QWEN_MODEL = "Qwen2.5-VL-7B-Instruct"
+PRIMO_MODEL = "PRIMO-R1-7B"
+FAKE_BIN = REPO / "tests" / "fakes" / "bin"
+LAUNCHERS = REPO / "launchers"
+QWEN_PATH = "/models/Qwen2.5-VL-7B-Instruct"
+PRIMO_PATH = "/models/PRIMO-R1-7B"
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (all bound at once, so none is handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an exited child nobody reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def stack_config(*, proxy_port: int, qwen_replicas: list[dict], primo_replicas: list[dict],
+                 qwen_endpoints: list[int] | None = None, primo_endpoints: list[int] | None = None,
+                 qwen_launch: dict | None = None, primo_launch: dict | None = None,
+                 media_root: str = "/tmp") -> dict:
+    """configs/stack-4gpu.yaml's shape; replicas as [{"gpus": [...], "port": P}, ...]."""
+
+    def endpoints(ports: list[int]) -> list[str]:
+        return [f"http://127.0.0.1:{p}/v1" for p in ports]
+
+    return {
+        "proxy": {"host": "127.0.0.1", "port": proxy_port, "prompts_dir": str(PROMPTS_DIR),
+                  "allowed_media_roots": [media_root], "health_timeout_s": 1.0},
+        "backends": {
+            "qwen2_5_vl_vllm": {
+                "model": QWEN_MODEL, "layout": "qwen_video", "prompt": "qwen_progress",
+                "endpoints": endpoints(qwen_endpoints or [r["port"] for r in qwen_replicas]),
+                "launch": {"model_path": "${QWEN2_5_VL_MODEL_PATH}",
+                           "tensor_parallel_size": len(qwen_replicas[0]["gpus"]),
+                           "replicas": qwen_replicas, **(qwen_launch or {})},
+            },
+            "PRIMO-R1": {
+                "aliases": ["primo_r1_vllm"], "model": PRIMO_MODEL, "layout": "primo_interleave",
+                "prompt": "primo_r1",
+                "endpoints": endpoints(primo_endpoints or [r["port"] for r in primo_replicas]),
+                "launch": {"model_path": "${PRIMO_R1_MODEL_PATH}",
+                           "tensor_parallel_size": len(primo_replicas[0]["gpus"]),
+                           "replicas": primo_replicas, **(primo_launch or {})},
+            },
+        },
+    }
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+class FakeVllmEnv:
+    """The environment under which `vllm` is the stand-in and each one records itself."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.record_dir = tmp_path / "records"
+        self.record_dir.mkdir()
+        self.env = {
+            **os.environ,
+            "PATH": os.pathsep.join([str(FAKE_BIN), str(Path(sys.executable).parent),
+                                     os.environ.get("PATH", "")]),
+            "FAKE_VLLM_RECORD_DIR": str(self.record_dir),
+            "FAKE_VLLM_LIFETIME_S": "120",
+            "QWEN2_5_VL_MODEL_PATH": QWEN_PATH,
+            "PRIMO_R1_MODEL_PATH": PRIMO_PATH,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def records(self) -> dict[int, dict]:
+        return {int(p.stem): json.loads(p.read_text()) for p in self.record_dir.glob("*.json")}
+
+    def record(self, port: int, timeout_s: float = 15) -> dict:
+        return wait_until(lambda: self.records().get(port), timeout_s, f"the server on :{port}")
+
+    def all_pids(self) -> list[int]:
+        pids = []
+        for record in self.records().values():
+            pids.append(record["pid"])
+            if record.get("worker_pid"):
+                pids.append(record["worker_pid"])
+        return pids
+
+
+class Reaper:
+    """Starts test subprocesses in their own sessions and kills every group at teardown."""
+
+    def __init__(self, fake: FakeVllmEnv) -> None:
+        self.fake = fake
+        self.popens: list[subprocess.Popen] = []
+        self.files: list[Any] = []
+        self.groups: set[int] = set()  # process groups started behind the test's back (--detach)
+
+    def up(self, *args: str, out: Path, **env: str) -> subprocess.Popen:
+        stdout = open(out, "wb")  # noqa: SIM115 - closed at teardown
+        self.files.append(stdout)
+        popen = subprocess.Popen([sys.executable, "-m", "proxy.cli", "up", *args],
+                                 stdout=stdout, stderr=subprocess.STDOUT,
+                                 env={**self.fake.env, **env}, start_new_session=True, cwd=REPO)
+        self.popens.append(popen)
+        return popen
+
+    def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True,
+                              text=True, env={**self.fake.env, **env}, timeout=timeout, cwd=REPO)
+
+    def cleanup(self) -> None:
+        groups = {p.pid for p in self.popens} | self.groups
+        for record in self.fake.records().values():
+            groups.add(record["pgid"])
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        for pid in self.fake.all_pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for popen in self.popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(10)
+        for f in self.files:
+            f.close()
+
+
+@pytest.fixture
+def fake_vllm_env(tmp_path: Path) -> FakeVllmEnv:
+    return FakeVllmEnv(tmp_path)
+
+
+@pytest.fixture
+def reaper(fake_vllm_env: FakeVllmEnv) -> Iterator[Reaper]:
+    reaper = Reaper(fake_vllm_env)
+    try:
+        yield reaper
+    finally:
+        reaper.cleanup()

@@ -1,0 +1,115 @@
+"""`vlm-reward-proxy up --dry-run`: commands, GPU assignment and checks, nothing started."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+
+from proxy.launch.cli import add_subcommands
+from tests.launchers.conftest import PRIMO_PATH, QWEN_PATH, REPO, stack_config, write_config
+
+EXAMPLE = REPO / "configs" / "stack-4gpu.yaml"
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="vlm-reward-proxy")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+@pytest.fixture(autouse=True)
+def model_paths(monkeypatch):
+    monkeypatch.setenv("QWEN2_5_VL_MODEL_PATH", QWEN_PATH)
+    monkeypatch.setenv("PRIMO_R1_MODEL_PATH", PRIMO_PATH)
+    monkeypatch.delenv("VLLM_BIN", raising=False)
+
+
+def test_dry_run_of_the_shipped_config(capsys, tmp_path):
+    assert cli("up", "--config", str(EXAMPLE), "--dry-run", "--runs-dir", "runs") == 0
+    out = capsys.readouterr().out
+    limit_primo = "'{\"image\": 2, \"video\": 1}'"
+    tail = ("--max-model-len 32768 --gpu-memory-utilization 0.9 --limit-mm-per-prompt {limit} "
+            "--media-io-kwargs '{{\"video\": {{\"num_frames\": -1}}}}' --trust-request-mm-kwargs "
+            "--host 127.0.0.1 --port {port} --seed 0")
+    expected = [
+        "GPU assignment:",
+        "  GPU 0: qwen2_5_vl_vllm-r0",
+        "  GPU 1: qwen2_5_vl_vllm-r0",
+        "  GPU 2: PRIMO-R1-r0",
+        "  GPU 3: PRIMO-R1-r1",
+        "vllm serve processes:",
+        "  qwen2_5_vl_vllm-r0: GPUs 0,1, http://127.0.0.1:8001/v1, "
+        "log runs/<timestamp>/qwen2_5_vl_vllm-r0.log",
+        f"    CUDA_VISIBLE_DEVICES=0,1 vllm serve {QWEN_PATH} --served-model-name "
+        "Qwen2.5-VL-7B-Instruct --tensor-parallel-size 2 "
+        + tail.format(limit="'{\"video\": 1}'", port=8001),
+        "  PRIMO-R1-r0: GPU 2, http://127.0.0.1:8002/v1, log runs/<timestamp>/PRIMO-R1-r0.log",
+        f"    CUDA_VISIBLE_DEVICES=2 vllm serve {PRIMO_PATH} --served-model-name PRIMO-R1-7B "
+        "--tensor-parallel-size 1 " + tail.format(limit=limit_primo, port=8002),
+        "  PRIMO-R1-r1: GPU 3, http://127.0.0.1:8003/v1, log runs/<timestamp>/PRIMO-R1-r1.log",
+        f"    CUDA_VISIBLE_DEVICES=3 vllm serve {PRIMO_PATH} --served-model-name PRIMO-R1-7B "
+        "--tensor-parallel-size 1 " + tail.format(limit=limit_primo, port=8003),
+        "proxy: http://127.0.0.1:18080, log runs/<timestamp>/proxy.log",
+        f"    {sys.executable} -m proxy.cli serve --config {EXAMPLE}",
+    ]
+    lines = out.splitlines()
+    start = lines.index("GPU assignment:")
+    assert lines[start:start + len(expected)] == expected
+    assert "checks: ok (no GPU overlap, no port clash, endpoints match)" in lines
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_reports_gpu_overlap_unless_allowed(capsys, tmp_path):
+    data = stack_config(proxy_port=18080, qwen_replicas=[{"gpus": [0, 1], "port": 8001}],
+                        primo_replicas=[{"gpus": [1], "port": 8002}])
+    config = write_config(tmp_path / "c.yaml", data)
+    assert cli("up", "--config", str(config), "--dry-run") == 2
+    out = capsys.readouterr().out
+    assert "  GPU 1: qwen2_5_vl_vllm-r0, PRIMO-R1-r0   <-- OVERLAP" in out
+    assert "error: GPU 1 is shared by qwen2_5_vl_vllm-r0 and PRIMO-R1-r0" in out
+    assert "checks: 1 error(s)" in out
+    assert cli("up", "--config", str(config), "--dry-run", "--allow-gpu-overlap") == 0
+    assert "warning: GPU 1 is shared" in capsys.readouterr().out
+
+
+def test_dry_run_reports_port_clash_and_unset_model_path(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("PRIMO_R1_MODEL_PATH")
+    data = stack_config(proxy_port=8002, qwen_replicas=[{"gpus": [0], "port": 8001}],
+                        primo_replicas=[{"gpus": [1], "port": 8002}])
+    config = write_config(tmp_path / "c.yaml", data)
+    assert cli("up", "--config", str(config), "--dry-run") == 2
+    out = capsys.readouterr().out
+    assert "error: port 8002 is used by PRIMO-R1-r0 and the proxy (proxy.port)" in out
+    assert "environment variable PRIMO_R1_MODEL_PATH is not set" in out
+    assert "vllm serve '${PRIMO_R1_MODEL_PATH}'" in out
+
+
+def test_plan_errors_stop_up_before_anything_starts(capsys, tmp_path):
+    data = stack_config(proxy_port=18080, qwen_replicas=[{"gpus": [0], "port": 8001}],
+                        primo_replicas=[{"gpus": [1], "port": 8002}], primo_endpoints=[8012])
+    config = write_config(tmp_path / "c.yaml", data)
+    assert cli("up", "--config", str(config), "--runs-dir", str(tmp_path / "runs")) == 2
+    err = capsys.readouterr().err
+    assert "error: backends.PRIMO-R1.launch.replicas[0] serves port 8002 but no endpoint" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_invalid_config_is_reported(capsys, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("backends: {x: {model: m, endpoints: [http://h/v1], layout: qwen_video, "
+                      "prompt: p, launch: {model_path: /m, tensor_parallel_size: 2, "
+                      "replicas: [{gpus: [0], port: 8001}]}}}\n")
+    assert cli("up", "--config", str(config), "--dry-run") == 2
+    assert "replicas[0].gpus has 1 GPUs but tensor_parallel_size is 2" in capsys.readouterr().err
+
+
+def test_up_and_down_are_registered_with_help(capsys):
+    with pytest.raises(SystemExit):
+        cli("up", "--help")
+    out = capsys.readouterr().out
+    for option in ["--config", "--dry-run", "--allow-gpu-overlap", "--timeout", "--grace",
+                   "--runs-dir", "--pid-file", "--detach", "--no-proxy", "--logs", "--vllm"]:
+        assert option in out
