@@ -57,6 +57,8 @@ class SamplingConfig(_Strict):
     top_k: int = Field(0, ge=0)  # 0 = disabled in vLLM
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     max_tokens: PositiveInt = 64
     seed: int | None = 0
 

@@ -65,17 +65,11 @@ def build_chat_body(
     body: dict[str, Any] = {
         "model": backend.model,
         "messages": build_messages(backend.layout, system, user_text, frames.base64_frames),
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "max_tokens": sampling.max_tokens,
+        # every field of SamplingConfig, so a new one can never be forgotten here
+        **sampling.model_dump(exclude_none=True),
         "n": 1,
         "stream": False,
     }
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
     if backend.request_mm_kwargs and layout_has_video(backend.layout):
         body["media_io_kwargs"] = media_io_kwargs(frames)
     return body

@@ -149,6 +149,11 @@ class Scorer:
         if nframes > proxy.max_nframes:
             raise InvalidRequest(f"nframes {nframes} is over the cap of {proxy.max_nframes}",
                                  field="nframes")
+        if cfg.layout == "images" and nframes > cfg.frames.nframes:
+            # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
+            raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
+                                 f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
+                                 field="nframes")
         max_pixels = request.max_pixels or cfg.frames.max_pixels
         if not cfg.frames.min_pixels <= max_pixels <= proxy.max_pixels_limit:
             raise InvalidRequest(f"max_pixels must be within [{cfg.frames.min_pixels}, "

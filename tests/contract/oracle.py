@@ -36,6 +36,14 @@ LAUNCHER_SERVER: dict[str, Any] = {
 STOCK_SERVER: dict[str, Any] = {"trust_request_mm_kwargs": False}
 
 
+def launcher_server(limit_mm_per_prompt: dict[str, int] | None = None) -> dict[str, Any]:
+    """LAUNCHER_SERVER with one launcher's ``--limit-mm-per-prompt`` (Qwen's is ``{"video": 1}``)."""
+    server = json.loads(json.dumps(LAUNCHER_SERVER))
+    if limit_mm_per_prompt is not None:
+        server["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
+    return server
+
+
 def contract_python() -> str:
     """Path of the contract venv's python; skips (or fails under VLM_REQUIRE_CONTRACT=1) if unset."""
     path = os.environ.get(ENV_PYTHON, "").strip()

@@ -20,7 +20,8 @@ stdout: one JSON report per document::
      "mm_kwargs_check": {"ok", "param", "message"},
      "media_io_kwargs": {"server", "request", "merged", "effective"},
      "messages": [{"role", "parts": [{"type": "text", "text"} |
-                                     {"type": "image_url", "image": {"width", "height", "mode"}} |
+                                     {"type": "image_url", "image": {"width", "height", "mode"},
+                                       "image_mean": float} |
                                      {"type": "video_url", "video": {"num_frames", "width", "height",
                                        "frame_sizes_distinct", "metadata": {...}, "frame_means": [...]}}]}],
      "decode_ok", "decode_error": {"type", "message"} | null,
@@ -150,6 +151,12 @@ def _describe_image(img: Any) -> dict[str, Any]:
     return {"width": img.width, "height": img.height, "mode": img.mode}
 
 
+def _image_mean(img: Any) -> float:
+    """Mean over pixels and channels of the decoded image (as RGB), to compare with video frames."""
+    img = getattr(img, "media", img)
+    return float(np.asarray(img.convert("RGB"), dtype=np.float64).mean())
+
+
 def _describe_video(video: Any) -> dict[str, Any]:
     frames, metadata = getattr(video, "media", video)
     arr = frames.numpy() if hasattr(frames, "numpy") else np.asarray(frames)
@@ -205,6 +212,8 @@ async def _parse_and_decode(messages: list[Any], media_io_kwargs: Any, mm_proces
                     if media is not None:
                         part[modality] = (_describe_image(media) if modality == "image"
                                           else _describe_video(media))
+                        if modality == "image":
+                            part["image_mean"] = _image_mean(media)
                 parts.append(part)
             else:
                 parts.append(_jsonable(dict(piece)))

@@ -15,7 +15,8 @@ from tests.fakes.episodes import (
 )
 from tests.fakes.fake_vllm import decode_video_part
 
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "max_tokens", "seed"}
 
 
 def _video_frames(part, num_frames):
@@ -119,6 +120,11 @@ def test_images_layout_sends_separate_image_parts(proxy_factory, fake_vllm_facto
     assert [p["type"] for p in body["messages"][-1]["content"]] == ["image_url"] * 4 + ["text"]
     assert "media_io_kwargs" not in body  # no video part, nothing to tell the video loader
     assert result.json()["score"] == pytest.approx(0.4)
+    with httpx.Client(base_url=server.url, timeout=30) as http:  # more images than the server's limit
+        over = http.post("/score", json={"task_text": "t", "nframes": 6,
+                                         "frames_npy": npy_b64(episode_frames(9, 64, 64))})
+    assert over.status_code == 422 and over.json()["error"]["field"] == "nframes"
+    assert len(fake.chat_requests) == 1
 
 
 def test_backend_kwargs_override_sampling_and_score_mode(client, fake_qwen):
