@@ -46,5 +46,8 @@ lint: install
 bench: install
 	$(PY) bench/bench_media.py
 
+demo: install  ## no GPU: fake vLLM servers + the real proxy score a synthetic episode
+	$(PY) scripts/demo.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/results
