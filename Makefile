@@ -13,7 +13,7 @@ ORACLE_PIP_ENV := PIP_FIND_LINKS=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[server,test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -22,7 +22,7 @@ serve: install  ## install, then run the proxy on $(CONFIG)
 	$(VENV)/bin/vlm-reward-proxy serve --config $(CONFIG)
 
 $(VENV)/.oracle: $(VENV)/.installed
-	$(ORACLE_PIP_ENV) $(PY) -m pip install -q -e '.[test,oracle]'
+	$(ORACLE_PIP_ENV) $(PY) -m pip install -q -e '.[server,test,oracle]'
 	touch $@
 
 oracle: $(VENV)/.oracle  ## the parity oracle (qwen-vl-utils, torch, torchvision: several GB)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 from proxy.errors import ConfigError
 
+_SERVER_PACKAGES = {"fastapi", "uvicorn", "pydantic", "tenacity", "PIL", "cv2", "prometheus_client", "starlette"}
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
@@ -97,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err.message}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:
+        if err.name in _SERVER_PACKAGES:
+            print(f"error: {err.name} is missing; the proxy needs the server extra: "
+                  "pip install 'vlm-reward-proxy[server]'", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""`RewardModelConfig`: the seed's `reward_model` block, plus a few additions with safe defaults.
+
+Read it from RLinf's config with `RewardModelConfig.from_mapping(cfg.reward_model)` (a plain dict
+or an OmegaConf node); unknown keys are refused so a typo cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from rlinf_client import _constants as C
+from rlinf_client._exceptions import RewardConfigError
+
+__all__ = ["RewardModelConfig"]
+
+Transport = Literal["inline", "path"]
+BatchMode = Literal["auto", "never"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig:
+    # -- the seed's keys (same names, same meaning) --------------------------------------------
+    enable: bool = False
+    endpoint: str = C.DEFAULT_ENDPOINT  # the proxy's /score URL (a bare base URL works too)
+    timeout: float = C.DEFAULT_TIMEOUT  # seconds per episode, retries included
+    nframes: int = C.DEFAULT_NFRAMES
+    max_pixels: int = C.DEFAULT_MAX_PIXELS
+    backend: str | None = None  # None = the proxy's default backend
+    backend_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    video_fps: float = C.DEFAULT_VIDEO_FPS  # rate the sampled clip is presented at
+    fail_on_request_error: bool = False  # True: raise; False: fall back, marked and counted
+    binary_reward: bool = True
+    success_threshold: float = C.DEFAULT_SUCCESS_THRESHOLD
+    keep_temp_video: bool = False  # transport: path only
+    temp_video_dir: str | None = None  # transport: path only; must be readable by the proxy
+    # -- additions ---------------------------------------------------------------------------
+    transport: Transport = "inline"  # inline: frames_npy in the body; path: temp MP4 + video_path
+    client_sampling: bool = True  # send only the nframes frames picked here (the seed's way)
+    buffer_frames: int = C.DEFAULT_BUFFER_FRAMES  # per env per episode; 0 = keep all (exact)
+    frame_stride: int = 1  # keep every k-th step from the start (the buffer may widen it)
+    max_concurrency: int = C.DEFAULT_MAX_CONCURRENCY
+    max_retries: int = C.DEFAULT_MAX_RETRIES
+    connect_timeout: float = C.DEFAULT_CONNECT_TIMEOUT
+    batch: BatchMode = "auto"  # use POST /score/batch when the proxy has it
+
+    def __post_init__(self) -> None:
+        # A private read-only copy: no mutable default shared between configs.
+        object.__setattr__(self, "backend_kwargs", MappingProxyType(dict(self.backend_kwargs or {})))
+        object.__setattr__(self, "endpoint", str(self.endpoint).rstrip("/"))
+        self._validate()
+
+    def _validate(self) -> None:
+        problems = []
+        if not self.endpoint.startswith(("http://", "https://")):
+            problems.append(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
+        for name in ("timeout", "video_fps", "connect_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a positive number, got {value!r}")
+        for name, low in (("nframes", 1), ("max_pixels", 1), ("frame_stride", 1),
+                          ("max_concurrency", 1), ("max_retries", 0), ("buffer_frames", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                problems.append(f"{name} must be an integer >= {low}, got {value!r}")
+        if not 0.0 <= float(self.success_threshold) <= 1.0:
+            problems.append(f"success_threshold must be within [0, 1], got {self.success_threshold!r}")
+        if self.transport not in ("inline", "path"):
+            problems.append(f"transport must be 'inline' or 'path', got {self.transport!r}")
+        if self.batch not in ("auto", "never"):
+            problems.append(f"batch must be 'auto' or 'never', got {self.batch!r}")
+        if (isinstance(self.buffer_frames, int) and isinstance(self.nframes, int)
+                and 0 < self.buffer_frames < 2 * self.nframes):
+            problems.append(f"buffer_frames ({self.buffer_frames}) must be 0 or at least 2 x nframes "
+                            f"({2 * self.nframes}) so sampling stays close to uniform")
+        if problems:
+            raise RewardConfigError("reward_model: " + "; ".join(problems))
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, mapping: Any = None, **overrides: Any) -> RewardModelConfig:
+        """From a dict or an OmegaConf node (RLinf's `env.train.reward_model`); None = defaults."""
+        data = _to_plain(mapping) if mapping is not None else {}
+        if not isinstance(data, dict):
+            raise RewardConfigError(f"reward_model must be a mapping, got {type(mapping).__name__}")
+        data.update(overrides)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RewardConfigError(f"reward_model: unknown key(s) {', '.join(unknown)}; "
+                                    f"known: {', '.join(sorted(known))}")
+        if data.get("backend_kwargs") is None:
+            data.pop("backend_kwargs", None)
+        for name in ("timeout", "video_fps", "connect_timeout", "success_threshold"):
+            if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
+                data[name] = float(data[name])
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, key: str | None = "reward_model") -> RewardModelConfig:
+        """From a YAML file; `key` is a dotted path to the block (None = the whole file)."""
+        import yaml  # the `client` extra
+
+        data: Any = yaml.safe_load(Path(path).read_text()) or {}
+        for part in (key.split(".") if key else []):
+            if not isinstance(data, dict) or part not in data:
+                raise RewardConfigError(f"{path}: no {key!r} block")
+            data = data[part]
+        return cls.from_mapping(data)
+
+    def replace(self, **changes: Any) -> RewardModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    # -- derived URLs ----------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """The proxy's root URL: `endpoint` without its /score suffix."""
+        if self.endpoint.endswith(C.SCORE_PATH):
+            return self.endpoint[: -len(C.SCORE_PATH)]
+        return self.endpoint
+
+    @property
+    def score_url(self) -> str:
+        return self.base_url + C.SCORE_PATH
+
+    @property
+    def batch_url(self) -> str:
+        return self.base_url + C.BATCH_PATH
+
+    @property
+    def health_url(self) -> str:
+        return self.base_url + C.HEALTH_PATH
+
+
+def _to_plain(node: Any) -> Any:
+    """Dict/list trees to plain Python. OmegaConf's DictConfig and ListConfig are a Mapping and a
+    Sequence whose item access resolves interpolations, so OmegaConf itself is not imported."""
+    if isinstance(node, Mapping):
+        return {str(k): _to_plain(v) for k, v in node.items()}
+    if isinstance(node, Sequence) and not isinstance(node, str | bytes):
+        return [_to_plain(v) for v in node]
+    return node

@@ -1,0 +1,75 @@
+"""What goes into the client (`Episode`) and what comes back (`EpisodeScore`, `ClientStats`)."""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinf_client._exceptions import RewardClientError
+
+__all__ = ["ClientStats", "Episode", "EpisodeScore"]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One finished episode to score.
+
+    `frames`: an `EpisodeFrameBuffer` or array-like T×H×W×3 / T×3×H×W (uint8 or float).
+    `fallback`: the score to use if the request fails and `fail_on_request_error` is false
+    (RLinf: the simulator's success flag); None = no fallback, the result's `value` is None.
+    """
+
+    frames: Any
+    task_text: str
+    fallback: float | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeScore:
+    """The outcome for one episode. Never a bare number: `ok` says whether the VLM scored it."""
+
+    ok: bool
+    value: float | None  # the score to use: the proxy's when ok, else the fallback (may be None)
+    score: float | None = None  # the proxy's score in [0, 1] (None when the request failed)
+    reason: str | None = None  # when not ok: the error code (e.g. upstream_unavailable, timeout)
+    error: RewardClientError | None = None
+    attempts: int = 0  # HTTP requests made for this episode, retries included
+    latency_ms: float = 0.0  # prepare + send + retries
+    response: dict[str, Any] | None = None  # the proxy's full ScoreResponse
+
+    @property
+    def fallback(self) -> bool:
+        return not self.ok
+
+
+@dataclass
+class ClientStats:
+    """Running counts for one client; `failures` is what RLinf logs as the fallback count."""
+
+    episodes: int = 0
+    scored: int = 0
+    failures: int = 0
+    requests: int = 0  # HTTP requests, retries and batch probes included
+    retries: int = 0
+    failure_reasons: collections.Counter = field(default_factory=collections.Counter)
+    latency_ms_total: float = 0.0
+
+    def record(self, result: EpisodeScore) -> None:
+        self.episodes += 1
+        self.latency_ms_total += result.latency_ms
+        if result.ok:
+            self.scored += 1
+        else:
+            self.failures += 1
+            self.failure_reasons[result.reason or "unknown"] += 1
+
+    @property
+    def mean_latency_ms(self) -> float:
+        return self.latency_ms_total / self.episodes if self.episodes else math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"episodes": self.episodes, "scored": self.scored, "failures": self.failures,
+                "requests": self.requests, "retries": self.retries,
+                "failure_reasons": dict(self.failure_reasons)}

@@ -1,0 +1,274 @@
+"""`vlm-reward-proxy curves RUN_DIR...`: compare RLinf runs from their TensorBoard event files.
+
+A RUN_DIR is RLinf's `runner.logger.log_path` (logs/<timestamp>-<config>), its `tensorboard/`
+folder, or any folder holding `events.out.tfevents.*` files. A run is named after
+`runner.logger.experiment_name` in the `config.yaml` RLinf writes beside the events (else the
+folder's name). Every metric is drawn against the training step, raw (faint) and smoothed
+(TensorBoard's debiased EMA), to one PNG and a self-contained HTML page with a summary table.
+
+Needs tensorboard (to read events, no TensorFlow) and matplotlib, both imported lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlinf_client._exceptions import MissingDependencyError
+
+__all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "load_run", "main", "plot_runs", "smooth"]
+
+FAILURES = "reward-model failures"
+# (tag, title); FAILURES is derived: env/vlm_fallback (a rate) x env/num_trajectories.
+DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
+    ("env/success_once", "env/success_once: simulator success (ground truth)"),
+    ("env/return", "env/return: episode return"),
+    ("rollout/rewards", "rollout/rewards: reward the policy was trained on"),
+    (FAILURES, "reward-model failures per step (fallbacks to the simulator flag)"),
+)
+EVENT_GLOB = "events.out.tfevents.*"
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # tag -> (step, value)
+
+    def series(self, tag: str) -> list[tuple[int, float]]:
+        if tag != FAILURES:
+            return self.scalars.get(tag, [])
+        if "reward_model/failures" in self.scalars:
+            return self.scalars["reward_model/failures"]
+        rate = dict(self.scalars.get("env/vlm_fallback", []))
+        counts = dict(self.scalars.get("env/num_trajectories", []))
+        if counts:
+            return [(step, value * counts[step]) for step, value in sorted(rate.items()) if step in counts]
+        return sorted(rate.items())
+
+
+def smooth(values: Sequence[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average, debiased at the start."""
+    smoothed, last, seen = [], 0.0, 0
+    for value in values:
+        if not math.isfinite(value):
+            smoothed.append(value)
+            continue
+        seen += 1
+        last = last * weight + (1 - weight) * value
+        smoothed.append(last / (1 - weight ** seen) if weight > 0 else value)
+    return smoothed
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def _event_files(run_dir: Path) -> list[Path]:
+    files = [p for p in run_dir.rglob(EVENT_GLOB) if "worker_logs" not in p.parts]
+    return sorted(files, key=lambda p: (str(p.parent), p.name))
+
+
+def _run_name(run_dir: Path, files: list[Path]) -> str:
+    candidates = [f.parent / "config.yaml" for f in files] + [
+        run_dir / "tensorboard" / "config.yaml", run_dir / "config.yaml"]
+    for path in candidates:
+        if path.is_file():
+            try:
+                import yaml
+
+                config = yaml.safe_load(path.read_text()) or {}
+                name = config["runner"]["logger"]["experiment_name"]
+            except Exception:  # noqa: BLE001 - an unreadable config only costs the pretty name
+                continue
+            if name:
+                return str(name)
+    return run_dir.resolve().name
+
+
+def load_run(run_dir: str | Path, name: str | None = None) -> Run:
+    """Every scalar in a run's event files; a later event for the same step (a resumed run)
+    replaces the earlier one."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError as err:
+        raise MissingDependencyError("`curves` reads TensorBoard event files with the tensorboard "
+                                     "package: pip install tensorboard matplotlib") from err
+    run_dir = Path(run_dir)
+    files = _event_files(run_dir)
+    if not files:
+        raise FileNotFoundError(f"{run_dir}: no {EVENT_GLOB} files under it")
+    points: dict[str, dict[int, tuple[float, float]]] = {}  # tag -> step -> (wall_time, value)
+    for path in files:
+        for event in EventFileLoader(str(path)).Load():
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                if value.HasField("simple_value"):  # torch's SummaryWriter (what RLinf uses)
+                    number = float(value.simple_value)
+                elif value.HasField("tensor"):  # tensorboard's own Writer
+                    array = tensor_util.make_ndarray(value.tensor)
+                    if array.size != 1 or array.dtype.kind not in "fiub":
+                        continue
+                    number = float(array.reshape(()))
+                else:
+                    continue
+                by_step = points.setdefault(value.tag, {})
+                previous = by_step.get(event.step)
+                if previous is None or event.wall_time >= previous[0]:
+                    by_step[event.step] = (event.wall_time, number)
+    scalars = {tag: [(step, v) for step, (_, v) in sorted(steps.items())] for tag, steps in points.items()}
+    return Run(name or _run_name(run_dir, files), run_dir, scalars)
+
+
+# -- drawing ---------------------------------------------------------------------------------------
+def plot_runs(runs: list[Run], metrics: Sequence[tuple[str, str]], out_dir: str | Path, *,
+              smoothing: float = 0.6, title: str | None = None) -> tuple[Path, Path]:
+    """Write curves.png and curves.html under `out_dir`; returns their paths."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise MissingDependencyError("`curves` draws with matplotlib: pip install matplotlib") from err
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = ", ".join(r.name for r in runs)
+    title = title or f"RLinf runs: {names}"
+    columns = 2 if len(metrics) > 1 else 1
+    rows = math.ceil(len(metrics) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4.2 * rows), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    summary: list[dict[str, Any]] = []
+    try:
+        for axis, (tag, label) in zip(axes.flat, metrics, strict=False):
+            drawn = False
+            for number, run in enumerate(runs):
+                series = run.series(tag)
+                if not series:
+                    continue
+                steps = [s for s, _ in series]
+                values = [v for _, v in series]
+                smoothed = smooth(values, smoothing)
+                colour = colours[number % len(colours)]
+                axis.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
+                axis.plot(steps, smoothed, color=colour, linewidth=2, label=run.name)
+                drawn = True
+                summary.append({"metric": tag, "run": run.name, "points": len(values),
+                                "last_step": steps[-1], "last": values[-1],
+                                "last_smoothed": smoothed[-1], "max_smoothed": max(smoothed)})
+            axis.set_title(label, fontsize=10)
+            axis.set_xlabel("training step")
+            axis.grid(alpha=0.3)
+            if drawn:
+                axis.legend(fontsize=8)
+            else:
+                axis.text(0.5, 0.5, f"no run logs {tag}", ha="center", va="center",
+                          transform=axis.transAxes, color="grey")
+        for axis in list(axes.flat)[len(metrics):]:
+            axis.set_visible(False)
+        figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
+        figure.tight_layout()
+        png = io.BytesIO()
+        figure.savefig(png, format="png", dpi=110,
+                       metadata={"Title": title, "Description": f"runs: {names}"})
+    finally:
+        plt.close(figure)
+    png_path = out_dir / "curves.png"
+    png_path.write_bytes(png.getvalue())
+    html_path = out_dir / "curves.html"
+    html_path.write_text(_html_page(title, runs, summary, png.getvalue()), encoding="utf-8")
+    return png_path, html_path
+
+
+def _html_page(title: str, runs: list[Run], summary: list[dict[str, Any]], png: bytes) -> str:
+    def cell(value: Any) -> str:
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return f"<td>{html.escape(text)}</td>"
+
+    run_rows = "".join(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(str(r.path))}</td></tr>"
+                       for r in runs)
+    keys = ("metric", "run", "points", "last_step", "last", "last_smoothed", "max_smoothed")
+    rows = "".join("<tr>" + "".join(cell(row[k]) for k in keys) + "</tr>" for row in summary)
+    image = base64.b64encode(png).decode("ascii")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}img{{max-width:100%}}</style>
+</head><body>
+<h1>{html.escape(title)}</h1>
+<h2>Runs</h2><table><tr><th>run</th><th>directory</th></tr>{run_rows}</table>
+<img alt="curves of {html.escape(', '.join(r.name for r in runs))}" src="data:image/png;base64,{image}">
+<h2>Summary</h2>
+<table><tr>{''.join(f'<th>{k}</th>' for k in keys)}</tr>{rows}</table>
+<p>env/success_once is the simulator's ground truth, the fair curve to compare runs on.
+Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories.</p>
+</body></html>
+"""
+
+
+# -- command line ----------------------------------------------------------------------------------
+def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "curves", help="compare RLinf runs' TensorBoard curves (PNG + HTML)",
+        description="Plot env/success_once, env/return, rollout/rewards and the reward-model "
+                    "failure count against the training step for each RLinf run, raw and "
+                    "smoothed, to curves.png and a self-contained curves.html.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="an RLinf log_path (logs/<timestamp>-<config>) or a folder of event files")
+    parser.add_argument("--out", default="curves", metavar="DIR", help="output folder (default: ./curves)")
+    parser.add_argument("--name", action="append", default=None, metavar="NAME",
+                        help="display name per RUN_DIR, in order (default: runner.logger."
+                             "experiment_name from config.yaml, else the folder name)")
+    parser.add_argument("--metric", action="append", default=None, metavar="TAG",
+                        help=f"a tag to plot, repeatable (default: {', '.join(t for t, _ in DEFAULT_METRICS)})")
+    parser.add_argument("--smoothing", type=float, default=0.6,
+                        help="TensorBoard-style smoothing weight in [0, 1) (default: 0.6)")
+    parser.add_argument("--title", default=None, help="figure title")
+    parser.set_defaults(func=run_command)
+    return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if not 0 <= args.smoothing < 1:
+        print("error: --smoothing must be in [0, 1)", file=sys.stderr)
+        return 2
+    names = args.name or []
+    if len(names) > len(args.run_dirs):
+        print("error: more --name than RUN_DIRs", file=sys.stderr)
+        return 2
+    try:
+        runs = [load_run(d, names[i] if i < len(names) else None) for i, d in enumerate(args.run_dirs)]
+    except (FileNotFoundError, MissingDependencyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    metrics = [(tag, tag) for tag in args.metric] if args.metric else list(DEFAULT_METRICS)
+    try:
+        png, page = plot_runs(runs, metrics, args.out, smoothing=args.smoothing, title=args.title)
+    except MissingDependencyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for run in runs:
+        missing = [tag for tag, _ in metrics if not run.series(tag)]
+        if missing:
+            print(f"note: {run.name} has no {', '.join(missing)}")
+    print(f"wrote {png} and {page}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlinf-curves")
+    add_subcommand(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["curves", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The RLinf hook: terminal VLM rewards for `rlinf/envs/libero/libero_env.py`'s `LiberoEnv`.
+
+`LiberoVLMReward` keeps a bounded frame buffer per env and episode, scores every episode that
+ended in a step in one concurrent call, and turns the scores into that step's rewards exactly
+as `LiberoEnv._calc_step_reward` turns success flags into rewards (see `mapping`). Three calls
+in `LiberoEnv` wire it in (integrations/rlinf/ has the patch):
+
+    __init__: self.vlm_reward = LiberoVLMReward.from_env_cfg(cfg, self.num_envs)   # None = off
+    reset:    self.vlm_reward.on_reset(obs, env_idx)
+    step:     step_reward = self.vlm_reward.step_reward(obs, terminations, truncations,
+                                                        self.task_descriptions)
+              ... infos["episode"].update(to_tensor(self.vlm_reward.episode_info()))
+
+An episode ends on termination or truncation, or on truncation only with
+`ignore_terminations`; it is scored once, with its env's task text. The fallback on a failed
+request is the simulator's success flag at the end step, mapped the same way, marked in
+`vlm_fallback` and counted in `failures`. Nothing here imports RLinf, torch or OpenCV.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlinf_client._client import RewardClient
+from rlinf_client._config import RewardModelConfig
+from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs
+from rlinf_client._types import Episode
+from rlinf_client.mapping import map_score, relative_step_reward
+
+__all__ = ["LiberoVLMReward"]
+
+log = logging.getLogger("rlinf_client")
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """A key of a dict or an OmegaConf node (both have .get)."""
+    return cfg.get(key, default) if cfg is not None else default
+
+
+def _bools(data: Any) -> np.ndarray:
+    return np.asarray(_as_numpy(data), dtype=bool).reshape(-1)
+
+
+class LiberoVLMReward:
+    def __init__(self, config: RewardModelConfig | Mapping[str, Any] | None, num_envs: int, *,
+                 reward_coef: float, use_rel_reward: bool, ignore_terminations: bool,
+                 use_step_penalty: bool = False, client: Any = None) -> None:
+        self.config = (config if isinstance(config, RewardModelConfig)
+                       else RewardModelConfig.from_mapping(config))
+        self.num_envs = num_envs
+        self.reward_coef = float(reward_coef)
+        self.use_rel_reward = bool(use_rel_reward)
+        self.ignore_terminations = bool(ignore_terminations)
+        self.step_penalty = -1.0 if use_step_penalty else 0.0
+        self._owns_client = client is None
+        # Anything with score_episodes(list[Episode]) -> list[EpisodeScore] will do.
+        self.client = client if client is not None else RewardClient(self.config)
+        self.buffers = [EpisodeFrameBuffer(self.config.buffer_frames, self.config.frame_stride)
+                        for _ in range(num_envs)]
+        self.scored = np.zeros(num_envs, dtype=bool)  # this episode already has its reward
+        self.terminal_value = np.zeros(num_envs)  # reward_coef * mapped from the end step on
+        self.prev_value = np.zeros(num_envs)  # RLinf's prev_step_reward, for this path
+        self.vlm_score = np.zeros(num_envs)  # the score behind the reward (fallback included)
+        self.vlm_fallback = np.zeros(num_envs)  # 1 where that score is the fallback
+        self.failures = 0  # fallbacks since creation
+        self.episodes_scored = 0
+
+    @classmethod
+    def from_env_cfg(cls, env_cfg: Any, num_envs: int, *, client: Any = None) -> LiberoVLMReward | None:
+        """From RLinf's `env.train` / `env.eval` node; None when `reward_model.enable` is off."""
+        block = _cfg_get(env_cfg, "reward_model")
+        if not block or not _cfg_get(block, "enable", False):
+            return None
+        return cls(block, num_envs,
+                   reward_coef=_cfg_get(env_cfg, "reward_coef", 1.0),
+                   use_rel_reward=_cfg_get(env_cfg, "use_rel_reward", False),
+                   ignore_terminations=_cfg_get(env_cfg, "ignore_terminations", False),
+                   use_step_penalty=_cfg_get(env_cfg, "use_step_penalty", False),
+                   client=client)
+
+    # -- the three calls ---------------------------------------------------------------------------
+    def on_reset(self, obs: Mapping[str, Any], env_idx: Any = None) -> None:
+        """New episodes for `env_idx` (None = all): empty buffers holding the reset frame."""
+        ids = self._env_ids(env_idx)
+        frames = env_frames_from_obs(obs)
+        for env in ids:
+            self.buffers[env].clear()
+            self.buffers[env].append(frames[env])
+        self.scored[ids] = False
+        for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback):
+            array[ids] = 0.0
+
+    def step_reward(self, obs: Mapping[str, Any], terminations: Any, truncations: Any,
+                    task_descriptions: Sequence[str]) -> np.ndarray:
+        """This step's reward for every env; scores the episodes that ended in it.
+
+        `terminations` are the simulator's success flags as `env.step` returned them (before
+        `ignore_terminations` clears them)."""
+        frames = env_frames_from_obs(obs)
+        terminations, truncations = _bools(terminations), _bools(truncations)
+        running = np.flatnonzero(~self.scored)
+        for env in running:
+            self.buffers[env].append(frames[env])
+        ended = truncations if self.ignore_terminations else terminations | truncations
+        ending = np.flatnonzero(ended & ~self.scored)
+        if ending.size:
+            self._score(ending, terminations, task_descriptions)
+        value = self.step_penalty + self.terminal_value
+        reward = relative_step_reward(value, self.prev_value, use_rel_reward=self.use_rel_reward)
+        if self.use_rel_reward:
+            self.prev_value = value
+        return reward
+
+    def episode_info(self) -> dict[str, np.ndarray]:
+        """Per-env values for `infos["episode"]` (RLinf logs them as env/vlm_score and
+        env/vlm_fallback: means over episodes, so env/vlm_fallback is the fallback rate)."""
+        return {"vlm_score": self.vlm_score.astype(np.float32),
+                "vlm_fallback": self.vlm_fallback.astype(np.float32)}
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _env_ids(self, env_idx: Any) -> np.ndarray:
+        if env_idx is None:
+            return np.arange(self.num_envs)
+        return np.atleast_1d(np.asarray(_as_numpy(env_idx), dtype=np.int64))
+
+    def _score(self, envs: np.ndarray, terminations: np.ndarray,
+               task_descriptions: Sequence[str]) -> None:
+        episodes = [Episode(self.buffers[env], str(task_descriptions[env]),
+                            fallback=float(terminations[env])) for env in envs]
+        results = self.client.score_episodes(episodes)  # raises with fail_on_request_error
+        reasons: Counter[str] = Counter()
+        for env, result in zip(envs, results, strict=True):
+            mapped = map_score(result.value, binary_reward=self.config.binary_reward,
+                               success_threshold=self.config.success_threshold)
+            self.terminal_value[env] = self.reward_coef * mapped
+            self.vlm_score[env] = result.value
+            self.vlm_fallback[env] = 0.0 if result.ok else 1.0
+            self.scored[env] = True
+            self.buffers[env].clear()  # the frames are no longer needed
+            if not result.ok:
+                reasons[result.reason or "unknown"] += 1
+        self.episodes_scored += len(envs)
+        if reasons:
+            self.failures += sum(reasons.values())
+            log.warning("reward model: %d of %d episodes ending now fell back to the simulator's "
+                        "success flag (%s); %d fallbacks so far", sum(reasons.values()), len(envs),
+                        ", ".join(f"{k} x{v}" for k, v in reasons.items()), self.failures)

@@ -1,0 +1,74 @@
+"""The `reward_model` block: the seed's keys, our additions, strict validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlinf_client import RewardConfigError, RewardModelConfig
+
+SEED_BLOCK = {  # runB_qwen in the seed's fork, verbatim keys
+    "enable": True, "endpoint": "http://127.0.0.1:18080/score", "timeout": 120, "nframes": 16,
+    "max_pixels": 200704, "backend": "qwen2_5_vl_vllm", "backend_kwargs": {"score_mode": "auto"},
+    "video_fps": 4, "fail_on_request_error": True, "binary_reward": True, "success_threshold": 0.5,
+    "keep_temp_video": False, "temp_video_dir": None,
+}
+
+
+def test_the_seed_block_loads_unchanged():
+    cfg = RewardModelConfig.from_mapping(SEED_BLOCK)
+    assert cfg.enable and cfg.backend == "qwen2_5_vl_vllm" and cfg.timeout == 120.0
+    assert dict(cfg.backend_kwargs) == {"score_mode": "auto"}
+    assert cfg.transport == "inline" and cfg.client_sampling  # additions keep the seed's behaviour
+    assert cfg.score_url == "http://127.0.0.1:18080/score"
+    assert cfg.batch_url == "http://127.0.0.1:18080/score/batch"
+    assert cfg.health_url == "http://127.0.0.1:18080/health"
+
+
+def test_a_bare_base_url_works_as_endpoint():
+    cfg = RewardModelConfig(endpoint="http://proxy:18080/")
+    assert cfg.score_url == "http://proxy:18080/score"
+
+
+def test_defaults_are_the_seeds():
+    cfg = RewardModelConfig()
+    assert (cfg.enable, cfg.nframes, cfg.max_pixels, cfg.video_fps, cfg.fail_on_request_error,
+            cfg.binary_reward, cfg.success_threshold, cfg.keep_temp_video) == (
+        False, 16, 200704, 4.0, False, True, 0.5, False)
+
+
+def test_unknown_keys_are_refused():
+    with pytest.raises(RewardConfigError, match="nframe"):
+        RewardModelConfig.from_mapping({"nframe": 8})
+
+
+@pytest.mark.parametrize("bad", [{"timeout": 0}, {"nframes": 0}, {"success_threshold": 1.5},
+                                 {"transport": "nfs"}, {"endpoint": "127.0.0.1:18080"},
+                                 {"buffer_frames": 10}, {"max_retries": -1}])
+def test_bad_values_are_refused(bad):
+    with pytest.raises(RewardConfigError):
+        RewardModelConfig.from_mapping(bad)
+
+
+def test_backend_kwargs_are_a_private_read_only_copy():
+    kwargs = {"score_mode": "unit"}
+    cfg = RewardModelConfig(backend_kwargs=kwargs)
+    kwargs["score_mode"] = "percentage"
+    assert cfg.backend_kwargs["score_mode"] == "unit"
+    with pytest.raises(TypeError):
+        cfg.backend_kwargs["x"] = 1  # type: ignore[index]
+
+
+def test_omegaconf_nodes_are_read_without_importing_omegaconf():
+    omegaconf = pytest.importorskip("omegaconf")
+    node = omegaconf.OmegaConf.create({"env": {"train": {"reward_model": SEED_BLOCK}},
+                                       "fps": 8, "rm": {"video_fps": "${fps}"}})
+    assert RewardModelConfig.from_mapping(node.env.train.reward_model).backend == "qwen2_5_vl_vllm"
+    assert RewardModelConfig.from_mapping(node.rm).video_fps == 8.0
+
+
+def test_from_yaml(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("env:\n  train:\n    reward_model:\n      enable: true\n      nframes: 8\n")
+    assert RewardModelConfig.from_yaml(path, "env.train.reward_model").nframes == 8
+    with pytest.raises(RewardConfigError):
+        RewardModelConfig.from_yaml(path, "env.eval.reward_model")
