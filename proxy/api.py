@@ -15,10 +15,19 @@ import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.backends import BackendRegistry
 from proxy.config import Settings
-from proxy.errors import ConfigError, InvalidRequest, PayloadTooLarge, ProxyError
+from proxy.errors import (
+    ConfigError,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    ProxyError,
+    RouteNotFound,
+    Unauthorized,
+)
 from proxy.observe import AuditLog, Metrics
 from proxy.passthrough import ChatPassthrough
 from proxy.prompts import PromptStore
@@ -31,19 +40,33 @@ log = logging.getLogger("vlm_reward_proxy")
 
 def error_response(err: ProxyError, request_id: str | None) -> JSONResponse:
     headers = {"x-request-id": request_id} if request_id else {}
-    retry_after = getattr(err, "retry_after_s", None)
-    if err.status_code in (429, 503) and retry_after is not None:
-        headers["retry-after"] = str(max(1, round(retry_after)))
+    if err.status_code in (429, 503):
+        # Always say when to come back; a server's own Retry-After wins when it gave one.
+        retry_after = getattr(err, "retry_after_s", None)
+        headers["retry-after"] = str(max(1, round(retry_after if retry_after is not None else 1)))
     return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
 
 
-class Unauthorized(ProxyError):
-    status_code = 401
-    code = "unauthorized"
+def request_id_of(headers: dict[bytes, bytes] | None) -> str:
+    given = (headers or {}).get(b"x-request-id")
+    return given.decode("latin-1")[:64] if given else uuid.uuid4().hex[:16]
+
+
+def _http_exception(exc: StarletteHTTPException) -> ProxyError:
+    """Starlette's own refusals (unparseable body, unknown route, wrong method) in our shape."""
+    if exc.status_code == 404:
+        return RouteNotFound("no such route")
+    if exc.status_code == 405:
+        return MethodNotAllowed("method not allowed on this route")
+    # e.g. invalid UTF-8 or nesting too deep for the JSON parser: as bad input as malformed JSON
+    return InvalidRequest(f"the request body could not be read: {exc.detail}", field="body")
 
 
 class BodySizeLimit:
-    """Refuse bodies over the cap before reading them (Content-Length) or while streaming them."""
+    """Refuse bodies over the cap before reading them (Content-Length) or while they stream in.
+
+    A streamed (chunked) body that crosses the cap gets the 413 from here; the app then sees a
+    disconnect and whatever it tries to send is dropped."""
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -51,32 +74,36 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        request_id = request_id_of(headers)
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = error_response(self._too_large(), None)
-            return await response(scope, receive, send)
-        seen = 0
+            return await error_response(self._too_large(), request_id)(scope, receive, send)
+        seen, refused, started = 0, False, False
+
+        async def guarded_send(message) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _BodyTooLarge
+            if seen > self.max_bytes and not started:
+                await error_response(self._too_large(), request_id)(scope, receive, send)
+                refused = True
+                return {"type": "http.disconnect"}
             return message
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await error_response(self._too_large(), None)(scope, receive, send)
+        await self.app(scope, limited_receive, guarded_send)
 
     def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body is over the {self.max_bytes // 2**20} MiB cap "
-                               "(proxy.max_body_mb)")
-
-
-class _BodyTooLarge(Exception):
-    pass
+        return PayloadTooLarge(f"request body is over the {self.max_bytes / 2**20:g} MiB cap (proxy.max_body_mb)")
 
 
 def get_scorer(request: Request) -> Scorer:
@@ -148,7 +175,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.middleware("http")
     async def request_id_and_auth(request: Request, call_next):
-        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        request.state.request_id = request_id_of(dict(request.scope.get("headers") or []))
         if api_key and request.url.path not in OPEN_PATHS:
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
@@ -160,6 +187,10 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
         return error_response(exc, getattr(request.state, "request_id", None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(_http_exception(exc), getattr(request.state, "request_id", None))
 
     @app.exception_handler(RequestValidationError)
     async def request_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

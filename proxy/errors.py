@@ -8,7 +8,9 @@
     │   ├── TemplateVariableError 422  template_variable
     │   └── TokenBudgetExceeded   422  token_budget
     ├── PayloadTooLarge           413  payload_too_large
+    ├── Unauthorized              401  unauthorized         (proxy.api_key_env set, token wrong)
     ├── UnknownBackend            404  unknown_backend
+    ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
     ├── Overloaded                429  overloaded
     ├── ConfigError               (start-up only, never an HTTP answer)
     ├── PromptTemplateError       500  prompt_template_invalid (a template file broke after an edit)
@@ -76,6 +78,21 @@ class TemplateVariableError(InvalidRequest):
 
 class TokenBudgetExceeded(InvalidRequest):
     code = "token_budget"
+
+
+class Unauthorized(ProxyError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class RouteNotFound(ProxyError):
+    status_code = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ProxyError):
+    status_code = 405
+    code = "method_not_allowed"
 
 
 class PayloadTooLarge(ProxyError):

@@ -79,14 +79,23 @@ def resolve_media_path(video_path: str, allowed_roots: list[Path]) -> Path:
     if not allowed_roots:
         raise MediaForbidden("video_path is disabled: proxy.allowed_media_roots is empty",
                              field="video_path")
+    if "\x00" in video_path:
+        raise InvalidRequest("video_path holds a NUL character", field="video_path")
     raw = Path(video_path)
     if not raw.is_absolute():
         raise InvalidRequest("video_path must be an absolute path", field="video_path")
-    resolved = raw.resolve()
+    try:
+        resolved = raw.resolve()
+    except (OSError, RuntimeError) as err:  # symlink loop, name too long, ...
+        raise MediaNotFound(f"video_path cannot be resolved: {type(err).__name__}", field="video_path") from err
     if not any(resolved.is_relative_to(root.resolve()) for root in allowed_roots):
         # Say nothing about whether the file exists: that would leak the filesystem.
         raise MediaForbidden("video_path is outside proxy.allowed_media_roots", field="video_path")
-    if not resolved.is_file():
+    try:
+        is_file = resolved.is_file()
+    except OSError:
+        is_file = False
+    if not is_file:
         raise MediaNotFound(f"video_path {video_path!r} does not exist or is not a file",
                             field="video_path")
     return resolved

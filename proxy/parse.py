@@ -6,13 +6,15 @@ the reasoning never win:
     score_marker  [SCORE] 7/10, SCORE: 7       double_bracket  [[8]]
     percent       85%                          fraction   7/10, 3 out of 4
     bare_number   exactly one number in the text (several numbers are ambiguous: an error)
-    yes_no        the whole answer is a verdict: "Yes." / "No, it fell" / "Failure"
+    yes_no        score_mode binary only: the reply is a verdict, "Yes." / "No, it fell"
+                  (in a tag, a verdict counts in any mode: the model put it in the answer slot)
 Inside a tag the same number forms apply (85, 85%, 7/10, yes). Out-of-range values are errors,
 never clamped: a model that says 150% did not answer the question.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -54,6 +56,8 @@ def strip_reasoning(text: str) -> str:
 
 def _normalise(raw: float, scale: float | None, mode: str, source: str) -> float:
     """scale: 100 for x%, N for x/N, None for a plain number."""
+    if not math.isfinite(raw) or (scale is not None and not math.isfinite(scale)):
+        raise ScoreParseError(f"{source} holds a number past float range")
     if scale is not None:
         value = raw / scale
     elif mode == "percentage":
@@ -137,4 +141,6 @@ def _first_match(visible: str, mode: str) -> ParsedScore | None:
         return ParsedScore(_normalise(raw, None, mode, "bare_number"), raw, "bare_number", mode)
     if len(numbers) > 1:
         raise ScoreParseError(f"several numbers {numbers[:5]} and no tag; the score is ambiguous")
-    return _yes_no(visible, mode, "yes_no")
+    # An untagged verdict counts only when a verdict was asked for: otherwise "No, I cannot see
+    # the video" would become a confident 0.
+    return _yes_no(visible, mode, "yes_no") if mode == "binary" else None

@@ -94,7 +94,10 @@ class UpstreamClient:
         except httpx.TimeoutException as err:
             raise UpstreamTimeout(f"{endpoint.base_url} did not answer within {timeout_s:.1f}s",
                                   endpoint=endpoint.base_url) from err
-        except httpx.TransportError as err:
+        except httpx.DecodingError as err:  # e.g. a Content-Encoding its body does not match
+            raise UpstreamProtocolError(f"{endpoint.base_url} sent an undecodable body: {err}",
+                                        endpoint=endpoint.base_url) from err
+        except httpx.RequestError as err:  # connect/read/write errors, protocol errors, ...
             raise UpstreamUnavailable(f"{endpoint.base_url}: {type(err).__name__}: {err}",
                                       endpoint=endpoint.base_url) from err
 
@@ -143,8 +146,12 @@ def _read_completion(response: httpx.Response, endpoint: str) -> ChatReply:
         payload = json.loads(response.content)
         choice = payload["choices"][0]
         text = choice["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError) as err:
+        fields = (text, choice.get("finish_reason"), payload.get("model"))
+        if not all(v is None or isinstance(v, str) for v in fields):
+            raise TypeError("content, finish_reason and model must be strings")
+        usage = payload.get("usage")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
         raise UpstreamProtocolError(f"{endpoint} answered 200 with a body that is not a chat "
-                                    f"completion ({type(err).__name__})", endpoint=endpoint) from err
-    return ChatReply(text=text or "", finish_reason=choice.get("finish_reason"),
-                     model=payload.get("model"), usage=payload.get("usage"), endpoint=endpoint)
+                                    f"completion ({type(err).__name__}: {err})", endpoint=endpoint) from err
+    return ChatReply(text=text or "", finish_reason=choice.get("finish_reason"), model=payload.get("model"),
+                     usage=usage if isinstance(usage, dict) else None, endpoint=endpoint)

@@ -24,7 +24,7 @@ TABLE = [
     ("0.25", "auto", 0.25, 0.25, "bare_number"),
     ("1", "binary", 1.0, 1, "bare_number"),
     ("Yes, the bowl is on the plate.", "binary", 1.0, 1, "yes_no"),
-    ("Failure.", "auto", 0.0, 0, "yes_no"),
+    ("Failure.", "binary", 0.0, 0, "yes_no"),
     ("No, the bowl fell off.", "binary", 0.0, 0, "yes_no"),
 ]
 
@@ -57,6 +57,7 @@ def test_truncated_reasoning_is_a_parse_failure_that_says_why():
     "", "I cannot tell.", "maybe 30 or 40", "<answer>unclear</answer>",
     "<answer>150</answer>",  # out of range is not clamped
     "no idea", "Not sure.", "The robot did not succeed or fail clearly",
+    "No, I cannot see any video.",  # a refusal is not a verdict outside binary mode
 ])
 def test_unparseable_is_an_error_never_zero(text):
     with pytest.raises(ScoreParseError):

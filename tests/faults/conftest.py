@@ -1,0 +1,67 @@
+"""Fixtures for the fault suite: fakes and proxies as real processes, all killed and reaped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from proxy.config import settings_from_dict
+from tests.conftest import QWEN_MODEL
+from tests.fakes.proxy_server import ProxyServerThread
+from tests.faults.procs import FakeProcess, ProxyProcess, RawServer, kill_quietly
+
+pytest.register_assert_rewrite("tests.faults.common")  # asserts in the shared helpers get pytest's messages
+
+
+@pytest.fixture
+def fake_proc(tmp_path) -> Iterator[Callable[..., FakeProcess]]:
+    started: list[FakeProcess] = []
+
+    def make(model: str = QWEN_MODEL, **kwargs) -> FakeProcess:
+        fake = FakeProcess(model, tmp_path / f"fake{len(started)}.log", **kwargs)
+        started.append(fake)
+        return fake.start()
+
+    yield make
+    kill_quietly(*started)
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[..., RawServer]]:
+    started: list[RawServer] = []
+
+    def make(default: bytes | str, model: str = QWEN_MODEL) -> RawServer:
+        server = RawServer(model, default)
+        started.append(server)
+        return server
+
+    yield make
+    kill_quietly(*started)
+
+
+@pytest.fixture
+def proxy_thread() -> Iterator[Callable[[dict], ProxyServerThread]]:
+    started: list[ProxyServerThread] = []
+
+    def make(data: dict) -> ProxyServerThread:
+        server = ProxyServerThread(settings_from_dict(data)).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def proxy_proc(tmp_path) -> Iterator[Callable[[dict], ProxyProcess]]:
+    started: list[ProxyProcess] = []
+
+    def make(data: dict) -> ProxyProcess:
+        proxy = ProxyProcess(data, tmp_path)
+        started.append(proxy)
+        return proxy.start()
+
+    yield make
+    kill_quietly(*started)
