@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -19,104 +16,32 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.backends import BackendRegistry
 from proxy.config import Settings
+from proxy.edge import Edge, error_response, http_exception_error
 from proxy.errors import (
     ConfigError,
     InvalidRequest,
-    MethodNotAllowed,
-    PayloadTooLarge,
     ProxyError,
-    RouteNotFound,
-    Unauthorized,
 )
 from proxy.observe import AuditLog, Metrics
 from proxy.passthrough import ChatPassthrough
 from proxy.prompts import PromptStore
 from proxy.schemas import BatchScoreRequest, ScoreRequest, ScoreResponse, validation_error
 from proxy.scoring import Scorer
-from proxy.upstream import UpstreamClient
+from proxy.upstream import UpstreamClient, open_http_clients
 
 log = logging.getLogger("vlm_reward_proxy")
 
 
-def error_response(err: ProxyError, request_id: str | None) -> JSONResponse:
-    headers = {"x-request-id": request_id} if request_id else {}
-    if err.status_code in (429, 503):
-        # Always say when to come back; a server's own Retry-After wins when it gave one.
-        retry_after = getattr(err, "retry_after_s", None)
-        headers["retry-after"] = str(max(1, round(retry_after if retry_after is not None else 1)))
-    return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
-
-
-def request_id_of(headers: dict[bytes, bytes] | None) -> str:
-    given = (headers or {}).get(b"x-request-id")
-    return given.decode("latin-1")[:64] if given else uuid.uuid4().hex[:16]
-
-
-def _http_exception(exc: StarletteHTTPException) -> ProxyError:
-    """Starlette's own refusals (unparseable body, unknown route, wrong method) in our shape."""
-    if exc.status_code == 404:
-        return RouteNotFound("no such route")
-    if exc.status_code == 405:
-        return MethodNotAllowed("method not allowed on this route")
-    # e.g. invalid UTF-8 or nesting too deep for the JSON parser: as bad input as malformed JSON
-    return InvalidRequest(f"the request body could not be read: {exc.detail}", field="body")
-
-
-class BodySizeLimit:
-    """Refuse bodies over the cap before reading them (Content-Length) or while they stream in.
-
-    A streamed (chunked) body that crosses the cap gets the 413 from here; the app then sees a
-    disconnect and whatever it tries to send is dropped."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        request_id = request_id_of(headers)
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await error_response(self._too_large(), request_id)(scope, receive, send)
-        seen, refused, started = 0, False, False
-
-        async def guarded_send(message) -> None:
-            nonlocal started
-            if refused:
-                return
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        async def limited_receive():
-            nonlocal seen, refused
-            if refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes and not started:
-                await error_response(self._too_large(), request_id)(scope, receive, send)
-                refused = True
-                return {"type": "http.disconnect"}
-            return message
-
-        await self.app(scope, limited_receive, guarded_send)
-
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(f"request body is over the {self.max_bytes / 2**20:g} MiB cap (proxy.max_body_mb)")
-
-
-def get_scorer(request: Request) -> Scorer:
+async def get_scorer(request: Request) -> Scorer:  # async: no threadpool hop per request
     return request.app.state.scorer
 
 
-def get_passthrough(request: Request) -> ChatPassthrough:
+async def get_passthrough(request: Request) -> ChatPassthrough:
     return request.app.state.passthrough
 
 
 ScorerDep = Annotated[Scorer, Depends(get_scorer)]
 PassthroughDep = Annotated[ChatPassthrough, Depends(get_passthrough)]
-OPEN_PATHS = frozenset({"/health"})  # reachable without the bearer token (load balancers, `up`)
 
 
 async def _health_loop(registry: BackendRegistry, upstream: UpstreamClient, interval_s: float,
@@ -146,14 +71,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # One pool for every upstream call; per-call timeouts come from each backend's config.
-        async with httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
-            timeout=httpx.Timeout(120.0, connect=5.0),
-            trust_env=False,  # upstreams are addressed directly; env proxies would reroute them
-        ) as http:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(c) for c in open_http_clients()]
             metrics = Metrics()
-            upstream = UpstreamClient(http)
+            upstream = UpstreamClient(clients)
             registry = BackendRegistry(settings)
             app.state.settings = settings
             app.state.metrics = metrics
@@ -173,24 +94,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def request_id_and_auth(request: Request, call_next):
-        request.state.request_id = request_id_of(dict(request.scope.get("headers") or []))
-        if api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error_response(Unauthorized("missing or wrong bearer token"), request.state.request_id)
-        response = await call_next(request)
-        response.headers.setdefault("x-request-id", request.state.request_id)
-        return response
-
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
         return error_response(exc, getattr(request.state, "request_id", None))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(_http_exception(exc), getattr(request.state, "request_id", None))
+        return error_response(http_exception_error(exc), getattr(request.state, "request_id", None))
 
     @app.exception_handler(RequestValidationError)
     async def request_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -236,7 +146,7 @@ def create_app(settings: Settings) -> FastAPI:
                 metrics.circuit_open.labels(backend.name, endpoint.base_url).set(int(endpoint.circuit_open))
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.add_middleware(BodySizeLimit, max_bytes=int(settings.proxy.max_body_mb * 2**20))
+    app.add_middleware(Edge, max_bytes=int(settings.proxy.max_body_mb * 2**20), api_key=api_key)
     return app
 
 

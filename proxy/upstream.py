@@ -78,19 +78,40 @@ def translate_status(response: httpx.Response, endpoint: str) -> Exception:
                             endpoint=endpoint, upstream_status=status)
 
 
+POOL_SHARDS = 8
+POOL_LIMITS = httpx.Limits(max_connections=128, max_keepalive_connections=64)  # per shard
+
+
+def open_http_clients(shards: int = POOL_SHARDS) -> list[httpx.AsyncClient]:
+    """The process's connection pools. Several shards, not one: httpx scans every connection of
+    a pool on each request start and finish, which cost 40% of the event loop with ~256
+    connections in one pool (bench/profile_proxy.py); per-call timeouts come from the backend."""
+    return [httpx.AsyncClient(limits=POOL_LIMITS, timeout=httpx.Timeout(120.0, connect=5.0),
+                              trust_env=False)  # upstreams are addressed directly, never via env proxies
+            for _ in range(shards)]
+
+
 class UpstreamClient:
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self.http = http
+    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
+        self.clients = clients
+        self._turn = 0
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The next pool shard, round-robin."""
+        self._turn = (self._turn + 1) % len(self.clients)
+        return self.clients[self._turn]
 
     async def _post(self, endpoint: Endpoint, path: str, body: bytes, timeout_s: float,
                     api_key: str | None, stream: bool = False) -> httpx.Response:
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        request = self.http.build_request("POST", endpoint.base_url + path, content=body, headers=headers,
-                                          timeout=timeout_s)
+        http = self.http
+        request = http.build_request("POST", endpoint.base_url + path, content=body, headers=headers,
+                                     timeout=timeout_s)
         try:
-            return await self.http.send(request, stream=stream)
+            return await http.send(request, stream=stream)
         except httpx.TimeoutException as err:
             raise UpstreamTimeout(f"{endpoint.base_url} did not answer within {timeout_s:.1f}s",
                                   endpoint=endpoint.base_url) from err

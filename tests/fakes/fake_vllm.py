@@ -217,10 +217,13 @@ class FakeVLLM:
             async with server:
                 await server.serve_forever()
         finally:
-            # Keep-alive connections outlive serve_forever; close them so no transport leaks.
-            for writer in list(self._writers):
+            # Keep-alive connections outlive serve_forever; close them so no transport leaks,
+            # and give the loop the turns it needs to really close each socket.
+            writers = list(self._writers)
+            for writer in writers:
                 writer.close()
-            await asyncio.sleep(0)
+            await asyncio.wait_for(asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True),
+                                   timeout=2)
 
 
 def _validate_like_vllm(body: dict, cfg: FakeConfig) -> tuple[int, dict] | None:
@@ -355,6 +358,7 @@ class FakeVLLMThread:
             for task in pending:
                 task.cancel()
             self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(asyncio.sleep(0.05))  # connection_lost callbacks close sockets
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 

@@ -15,8 +15,9 @@ class ProxyServerThread:
     def __init__(self, settings: Settings, host: str = "127.0.0.1") -> None:
         self.settings = settings
         self.app = create_app(settings)
+        # loop="asyncio": uvicorn's "auto" would install uvloop's policy for the whole test process.
         config = uvicorn.Config(self.app, host=host, port=0, log_level="warning", lifespan="on",
-                                access_log=False)
+                                access_log=False, loop="asyncio")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
         self.host = host
