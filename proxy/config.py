@@ -103,7 +103,7 @@ class CircuitConfig(_Strict):
 
 
 class AdmissionConfig(_Strict):
-    max_in_flight_per_endpoint: PositiveInt = 64  # never flood one replica
+    max_in_flight_per_endpoint: PositiveInt = 256  # never flood one replica (vLLM max_num_seqs default)
     # Requests waiting for a free endpoint slot; beyond this the proxy answers 429 + Retry-After.
     max_queue: PositiveInt = 512
 
