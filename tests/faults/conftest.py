@@ -41,17 +41,9 @@ def raw_server() -> Iterator[Callable[..., RawServer]]:
 
 
 @pytest.fixture
-def proxy_thread() -> Iterator[Callable[[dict], ProxyServerThread]]:
-    started: list[ProxyServerThread] = []
-
-    def make(data: dict) -> ProxyServerThread:
-        server = ProxyServerThread(settings_from_dict(data)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
+def proxy_thread(proxy_factory) -> Callable[[dict], ProxyServerThread]:
+    """The shared in-process proxy factory (tests/conftest.py), fed a config dict."""
+    return lambda data: proxy_factory(settings_from_dict(data))
 
 
 @pytest.fixture
