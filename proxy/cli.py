@@ -9,6 +9,10 @@ from collections.abc import Callable
 
 from proxy.errors import ConfigError
 
+# Longer than clients' own idle expiry (httpx: 5 s), so a client never reuses a connection the
+# proxy is closing; RLinf sends bursts at episode ends with quiet gaps between them.
+KEEP_ALIVE_S = 75
+
 _SERVER_PACKAGES = {"fastapi", "uvicorn", "pydantic", "tenacity", "PIL", "cv2", "prometheus_client", "starlette"}
 
 
@@ -24,7 +28,8 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     logging.getLogger("vlm_reward_proxy").info(
         "serving backends %s on http://%s:%d", ", ".join(settings.backends), host, port)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=args.access_log)
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=args.access_log,
+                timeout_keep_alive=KEEP_ALIVE_S)
     return 0
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from proxy.errors import InvalidRequest, MediaDecodeError, MediaForbidden, MediaNotFound
 from proxy.frame_rules import PATCH_FACTOR, sample_indices, smart_resize
+from proxy.npy import NpyError, read_uint8
 
 __all__ = ["PATCH_FACTOR", "EncodedFrames", "FrameLimits", "prepare_frames", "resolve_media_path",
            "sample_indices", "smart_resize"]
@@ -176,13 +177,12 @@ def _decode_image(data: str, position: int, limits: FrameLimits) -> np.ndarray:
 def _load_npy(data: str, limits: FrameLimits) -> np.ndarray:
     raw = _b64decode(data, "frames_npy")
     try:
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except Exception as err:  # noqa: BLE001 - numpy raises several types for a bad file
-        raise MediaDecodeError("frames_npy is not a .npy array", field="frames_npy") from err
-    if array.dtype != np.uint8 or array.ndim != 4 or array.shape[-1] != 3:
-        raise MediaDecodeError(
-            f"frames_npy must be uint8 with shape T×H×W×3, got {array.dtype} {array.shape}",
-            field="frames_npy")
+        array = read_uint8(raw)
+    except NpyError as err:
+        raise MediaDecodeError(f"frames_npy is not a uint8 .npy array: {err}", field="frames_npy") from err
+    if array.ndim != 4 or array.shape[-1] != 3:
+        raise MediaDecodeError(f"frames_npy must be uint8 with shape T×H×W×3, got shape {array.shape}",
+                               field="frames_npy")
     if array.shape[1] * array.shape[2] > limits.max_source_pixels:
         raise MediaDecodeError("frames_npy frames are over the pixel cap", field="frames_npy")
     return array

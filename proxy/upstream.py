@@ -79,7 +79,9 @@ def translate_status(response: httpx.Response, endpoint: str) -> Exception:
 
 
 POOL_SHARDS = 8
-POOL_LIMITS = httpx.Limits(max_connections=128, max_keepalive_connections=64)  # per shard
+# Per shard. Idle connections expire at 4 s, before vLLM's uvicorn closes them at 5 s
+# (TIMEOUT_KEEP_ALIVE): reusing one as the server closes it is a failed call for nothing.
+POOL_LIMITS = httpx.Limits(max_connections=128, max_keepalive_connections=64, keepalive_expiry=4.0)
 
 
 def open_http_clients(shards: int = POOL_SHARDS) -> list[httpx.AsyncClient]:

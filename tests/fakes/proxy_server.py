@@ -8,6 +8,7 @@ import time
 import uvicorn
 
 from proxy.api import create_app
+from proxy.cli import KEEP_ALIVE_S
 from proxy.config import Settings
 
 
@@ -17,7 +18,7 @@ class ProxyServerThread:
         self.app = create_app(settings)
         # loop="asyncio": uvicorn's "auto" would install uvloop's policy for the whole test process.
         config = uvicorn.Config(self.app, host=host, port=0, log_level="warning", lifespan="on",
-                                access_log=False, loop="asyncio")
+                                access_log=False, loop="asyncio", timeout_keep_alive=KEEP_ALIVE_S)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
         self.host = host

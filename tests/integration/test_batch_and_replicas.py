@@ -55,7 +55,8 @@ def test_least_outstanding_balancing_spreads_load(proxy_factory, fake_vllm_facto
     replicas = [fake_vllm_factory(served_model_name=QWEN_MODEL, latency_base_s=0.05) for _ in range(2)]
     server = proxy_factory(_settings([r.base_url for r in replicas], fake_primo.base_url, media_root))
     with httpx.Client(base_url=server.url, timeout=60) as http:
-        assert http.post("/score/batch", json={"items": [EPISODE] * 40}).json()["summary"]["ok"] == 40
+        body = http.post("/score/batch", json={"items": [EPISODE] * 40}).json()
+    assert body["summary"]["ok"] == 40, [r["error"] for r in body["results"] if not r["ok"]]
     counts = [len(r.chat_requests) for r in replicas]
     assert sum(counts) == 40 and min(counts) >= 15, counts
 
