@@ -58,10 +58,6 @@ class EndpointPool:
         self._turn = 0
         self._waiters: deque[asyncio.Future] = deque()
 
-    @classmethod
-    def from_urls(cls, urls: list[str]) -> EndpointPool:
-        return cls(urls)
-
     # -- choosing -----------------------------------------------------------------------------
     def _usable(self, endpoint: Endpoint, now: float) -> bool:
         if endpoint.in_flight >= self.admission.max_in_flight_per_endpoint:
@@ -86,10 +82,6 @@ class EndpointPool:
         if chosen.circuit_open:
             chosen.trial_in_flight = True
         return chosen
-
-    def pick(self, avoid: set[str] | None = None) -> Endpoint:
-        """Choose without reserving (for callers that track nothing, e.g. probes)."""
-        return self._choose(avoid or set()) or self.endpoints[0]
 
     def check_admission(self) -> None:
         """Refuse early (before any media work) when the queue is already full."""
@@ -135,6 +127,10 @@ class EndpointPool:
             try:
                 # Wake on a release, or now and then to notice a cool-down ending.
                 await asyncio.wait({woken}, timeout=0.5)
+            except BaseException:
+                if woken.done() and not woken.cancelled():
+                    self._notify()  # cancelled after being woken: pass the freed slot on
+                raise
             finally:
                 if not woken.done():
                     self._waiters.remove(woken)
