@@ -23,11 +23,14 @@ from proxy.errors import ScoreParseError
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
 _THINK_UNCLOSED = re.compile(r"<think>.*\Z", re.S | re.I)  # truncated reasoning: all of it goes
+# A template that opens <think> in the prompt: the reply starts inside the reasoning.
+_THINK_ORPHAN_CLOSE = re.compile(r"\A.*</think>", re.S | re.I)
 _TAGS = [
     ("answer_tag", re.compile(r"<answer>(.*?)</answer>", re.S | re.I)),
     ("score_tag", re.compile(r"<score>(.*?)</score>", re.S | re.I)),
 ]
-_SCORE_MARKER = re.compile(r"\[?\bSCORE\]?\s*[:=]?\s*(" + _NUMBER + r"(?:\s*(?:%|/\s*\d+))?)", re.I)
+_SCORE_MARKER = re.compile(
+    r"\[?\bSCORE\]?\s*[:=]?\s*(" + _NUMBER + r"(?:\s*(?:%|(?:/|out\s+of)\s*\d+(?:\.\d+)?))?)", re.I)
 _DOUBLE_BRACKET = re.compile(r"\[\[\s*(" + _NUMBER + r")\s*\]\]")
 _PERCENT = re.compile(r"(" + _NUMBER + r")\s*%")
 _FRACTION = re.compile(r"(" + _NUMBER + r")\s*(?:/|out of)\s*(\d+(?:\.\d+)?)", re.I)
@@ -51,7 +54,7 @@ class ParsedScore:
 
 
 def strip_reasoning(text: str) -> str:
-    return _THINK_UNCLOSED.sub("", _THINK_BLOCK.sub("", text))
+    return _THINK_UNCLOSED.sub("", _THINK_ORPHAN_CLOSE.sub("", _THINK_BLOCK.sub("", text)))
 
 
 def _normalise(raw: float, scale: float | None, mode: str, source: str) -> float:

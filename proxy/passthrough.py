@@ -78,24 +78,25 @@ class ChatPassthrough:
         cfg, pool = backend.config, backend.pool
 
         async def send(attempt: Attempt):
-            endpoint = await pool.reserve(attempt.avoid)
+            reservation = await pool.reserve(attempt.avoid)
+            endpoint = reservation.endpoint
             try:
                 response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,
                                                        api_key=cfg.api_key(), stream=True)
             except UpstreamError as err:
                 backend.note_failure(endpoint, err, self.metrics)
-                pool.release(endpoint, ok=False)
+                pool.release(reservation, ok=False)
                 raise
             except BaseException:
-                pool.release(endpoint, ok=False)
+                pool.release(reservation, ok=False)
                 raise
-            return endpoint, response
+            return reservation, response
 
-        (endpoint, response), _, calls = await call_with_retries(cfg.retry, send, lambda r: r)
+        (reservation, response), _, calls = await call_with_retries(cfg.retry, send, lambda r: r)
         self.metrics.requests.labels(route="chat_stream", backend=backend.name,
                                      outcome=str(response.status_code)).inc()
         if response.status_code != 200:  # forward() already read and closed it
-            pool.release(endpoint, ok=True)
+            pool.release(reservation, ok=True)
             return Relayed(response.status_code, response.content, None,
                            response.headers.get("content-type", "application/json"), calls)
 
@@ -107,6 +108,6 @@ class ChatPassthrough:
                 finished = True
             finally:
                 await response.aclose()
-                pool.release(endpoint, ok=finished)
+                pool.release(reservation, ok=finished)
 
         return Relayed(200, None, chunks(), response.headers.get("content-type", "text/event-stream"), calls)

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from proxy.config import AdmissionConfig, CircuitConfig
 from proxy.errors import Overloaded, UpstreamUnavailable
@@ -48,6 +49,11 @@ class Endpoint:
         return "half_open" if time.monotonic() >= self.open_until else "open"
 
 
+class Reservation(NamedTuple):
+    endpoint: Endpoint
+    trial: bool  # the one request let through a half-open circuit
+
+
 class EndpointPool:
     def __init__(self, urls: list[str], admission: AdmissionConfig | None = None,
                  circuit: CircuitConfig | None = None) -> None:
@@ -69,7 +75,7 @@ class EndpointPool:
     def _any_alive(self, now: float) -> bool:
         return any(not e.circuit_open or now >= e.open_until for e in self.endpoints)
 
-    def _choose(self, avoid: set[str]) -> Endpoint | None:
+    def _choose(self, avoid: set[str]) -> Reservation | None:
         now = time.monotonic()
         usable = [e for e in self.endpoints if self._usable(e, now)]
         preferred = [e for e in usable if e.base_url not in avoid] or usable
@@ -79,9 +85,12 @@ class EndpointPool:
         tied = [e for e in preferred if e.in_flight == least]
         self._turn += 1
         chosen = tied[self._turn % len(tied)]
-        if chosen.circuit_open:
+        trial = chosen.circuit_open  # half-open: this reservation is the one trial
+        if trial:
             chosen.trial_in_flight = True
-        return chosen
+        chosen.in_flight += 1
+        chosen.requests += 1
+        return Reservation(chosen, trial)
 
     def check_admission(self) -> None:
         """Refuse early (before any media work) when the queue is already full."""
@@ -92,30 +101,28 @@ class EndpointPool:
     @asynccontextmanager
     async def acquire(self, avoid: set[str] | None = None) -> AsyncIterator[Endpoint]:
         """Reserve an in-flight slot on one endpoint for the duration of the block."""
-        endpoint = await self.reserve(avoid)
+        reservation = await self.reserve(avoid)
         ok = False
         try:
-            yield endpoint
+            yield reservation.endpoint
             ok = True
         finally:
-            self.release(endpoint, ok)
+            self.release(reservation, ok)
 
-    async def reserve(self, avoid: set[str] | None = None) -> Endpoint:
+    async def reserve(self, avoid: set[str] | None = None) -> Reservation:
         """Take a slot; the caller must `release` it (streams hold it until the last byte)."""
         avoid = avoid or set()
-        endpoint = self._choose(avoid)
-        if endpoint is None:
+        reservation = self._choose(avoid)
+        if reservation is None:
             self.check_admission()
             self.waiting += 1
             try:
-                endpoint = await self._wait_for_slot(avoid)
+                reservation = await self._wait_for_slot(avoid)
             finally:
                 self.waiting -= 1
-        endpoint.in_flight += 1
-        endpoint.requests += 1
-        return endpoint
+        return reservation
 
-    async def _wait_for_slot(self, avoid: set[str]) -> Endpoint:
+    async def _wait_for_slot(self, avoid: set[str]) -> Reservation:
         """FIFO: each release wakes exactly one waiter (no thundering herd at 1000 waiting)."""
         loop = asyncio.get_running_loop()
         front = False
@@ -135,9 +142,9 @@ class EndpointPool:
                 if not woken.done():
                     self._waiters.remove(woken)
                     woken.cancel()
-            endpoint = self._choose(avoid)
-            if endpoint is not None:
-                return endpoint
+            reservation = self._choose(avoid)
+            if reservation is not None:
+                return reservation
             front = woken.done() and not woken.cancelled()  # woken but beaten to it: keep its place
 
     def _all_down(self) -> UpstreamUnavailable:
@@ -146,9 +153,11 @@ class EndpointPool:
             f"{self.circuit.failures} consecutive failures): "
             + ", ".join(e.base_url for e in self.endpoints))
 
-    def release(self, endpoint: Endpoint, ok: bool) -> None:
+    def release(self, reservation: Reservation, ok: bool) -> None:
+        endpoint = reservation.endpoint
         endpoint.in_flight -= 1
-        endpoint.trial_in_flight = False
+        if reservation.trial:  # only the trial's own end may let the next trial in
+            endpoint.trial_in_flight = False
         if ok:
             self.record_success(endpoint)
         self._notify()

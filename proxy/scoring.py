@@ -90,11 +90,14 @@ class Scorer:
         body_bytes = json.dumps(body, separators=(",", ":")).encode()
         upstream_started = time.perf_counter()
 
+        sent_sampling = {k: v for k, v in body.items() if k in SAMPLING_FIELDS}
+
         async def send(attempt: Attempt) -> ChatReply:
             payload = body_bytes
             if attempt.parse_round > 0 and cfg.retry.parse_retry_temperature is not None:
                 payload = json.dumps({**body, "temperature": cfg.retry.parse_retry_temperature},
                                      separators=(",", ":")).encode()
+                sent_sampling["temperature"] = cfg.retry.parse_retry_temperature  # what the reply had
             return await backend.call(attempt.avoid, self.metrics, lambda endpoint: self.upstream.chat(
                 endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
 
@@ -116,7 +119,7 @@ class Scorer:
             frames=FramesInfo(count=len(frames.jpegs), indices=frames.indices,
                               source_count=frames.source_count, size=(frames.width, frames.height),
                               sampled_fps=round(frames.sampled_fps, 6), sha256=frames.sha256),
-            sampling={k: v for k, v in body.items() if k in SAMPLING_FIELDS},
+            sampling=sent_sampling,
             endpoint=reply.endpoint,
             timings_ms={"load": round(frames.load_ms, 3), "encode": round(frames.encode_ms, 3),
                         "upstream": round((finished - upstream_started) * 1e3, 3),

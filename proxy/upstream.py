@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from proxy.errors import (
 from proxy.pool import Endpoint
 
 _MM_KWARGS_PARAMS = ("media_io_kwargs", "mm_processor_kwargs")
+MAX_RETRY_AFTER_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -40,14 +42,16 @@ def parse_retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None:  # "inf", "nan" or a year are not a wait worth honouring
+        return min(max(0.0, seconds), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return min(max(0.0, when.timestamp() - time.time()), MAX_RETRY_AFTER_S)
 
 
 def _error_info(response: httpx.Response) -> tuple[str, str | None]:
@@ -137,14 +141,18 @@ class UpstreamClient:
         """Pass-through for /v1/chat/completions: a 2xx or a non-retryable 4xx comes back as is
         (streamed when asked; the caller closes it); a retryable failure raises for the policy."""
         response = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key, stream)
-        if response.status_code == 429 or response.status_code >= 500:
-            if stream:
+        status = response.status_code
+        if stream and status != 200:
+            try:
                 await response.aread()
+            except httpx.HTTPError as err:  # the error reply broke off: its status still tells
+                error = UpstreamUnavailable if status == 429 or status >= 500 else UpstreamProtocolError
+                raise error(f"{endpoint.base_url} answered {status} with a body that broke off",
+                            endpoint=endpoint.base_url, upstream_status=status) from err
+            finally:
                 await response.aclose()
+        if status == 429 or status >= 500:
             raise translate_status(response, endpoint.base_url)
-        if stream and response.status_code != 200:
-            await response.aread()
-            await response.aclose()
         return response
 
     async def check(self, endpoint: Endpoint, model: str, timeout_s: float) -> dict[str, Any]:

@@ -202,13 +202,22 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
                with_proxy: bool) -> None:
     log_dir = runs_dir / "<timestamp>"
     say(f"dry run of {config_path}: nothing is started")
+    parent_visible = next((c.parent_visible for c in plan.commands if c.parent_visible), None)
+    visible = [d.strip() for d in parent_visible.split(",")] if parent_visible else []
+    if parent_visible:
+        say(f"this process has CUDA_VISIBLE_DEVICES={parent_visible}: replicas[].gpus are "
+            "positions in that list")
     say("GPU assignment:")
     for gpu, names in gpu_assignment(plan.commands).items():
-        say(f"  GPU {gpu}: {', '.join(names)}" + ("   <-- OVERLAP" if len(names) > 1 else ""))
+        where = f" (device {visible[gpu]})" if gpu < len(visible) else ""
+        say(f"  GPU {gpu}{where}: {', '.join(names)}"
+            + ("   <-- OVERLAP" if len(names) > 1 else ""))
     say("vllm serve processes:")
     for c in plan.commands:
-        say(f"  {c.name}: GPU{'s' if len(c.gpus) > 1 else ''} {','.join(map(str, c.gpus))}, "
-            f"{c.base_url}/v1, "
+        mapped = (f" (-> CUDA_VISIBLE_DEVICES={c.env['CUDA_VISIBLE_DEVICES']})"
+                  if c.parent_visible else "")
+        say(f"  {c.name}: GPU{'s' if len(c.gpus) > 1 else ''} {','.join(map(str, c.gpus))}"
+            f"{mapped}, {c.base_url}/v1, "
             f"log {log_dir / (c.name + '.log')}")
         say(f"    {c.shell_line()}")
     if with_proxy:

@@ -113,6 +113,9 @@ class ReplicaCommand:
     # never on the command line) and authorises the readiness probes of /v1/models.
     api_key_env: str | None = None
     api_key: str | None = None
+    # The parent's own CUDA_VISIBLE_DEVICES (SLURM, containers), when set: `gpus` are positions
+    # in it and the child's CUDA_VISIBLE_DEVICES names the devices at those positions.
+    parent_visible: str | None = None
 
     @property
     def name(self) -> str:
@@ -176,6 +179,8 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
             errors.append(f"backends.{name}.api_key_env names {backend.api_key_env}, which is not "
                           "set: the server would refuse the proxy (and the readiness probe)")
     limit_mm = launch.limit_mm_per_prompt or default_limit_mm(backend)
+    parent_visible = (env.get("CUDA_VISIBLE_DEVICES") or "").strip() or None
+    visible = [d.strip() for d in parent_visible.split(",")] if parent_visible else None
     commands = []
     for index, replica in enumerate(launch.replicas):
         argv = vllm_argv(
@@ -184,11 +189,21 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
             gpu_memory_utilization=launch.gpu_memory_utilization, limit_mm=limit_mm,
             host=launch.host, port=replica.port, seed=launch.seed, extra_args=launch.extra_args,
             vllm=vllm)
-        replica_env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, replica.gpus)), **child_env}
+        devices = [str(g) for g in replica.gpus]
+        if visible is not None:  # replicas[].gpus are positions in the parent's own list
+            outside = [g for g in replica.gpus if g >= len(visible)]
+            if outside:
+                errors.append(
+                    f"{where}.replicas[{index}].gpus {list(replica.gpus)}: GPU position(s) "
+                    f"{outside} out of range; this process has CUDA_VISIBLE_DEVICES="
+                    f"{parent_visible} ({len(visible)} GPU(s), positions 0-{len(visible) - 1})")
+            devices = [visible[g] if g < len(visible) else str(g) for g in replica.gpus]
+        replica_env = {"CUDA_VISIBLE_DEVICES": ",".join(devices), **child_env}
         commands.append(ReplicaCommand(backend=name, index=index, model=backend.model,
                                        gpus=tuple(replica.gpus), host=launch.host,
                                        port=replica.port, argv=argv, env=replica_env,
-                                       api_key_env=backend.api_key_env, api_key=api_key))
+                                       api_key_env=backend.api_key_env, api_key=api_key,
+                                       parent_visible=parent_visible))
     return commands, errors
 
 

@@ -30,6 +30,7 @@ def test_two_unparseable_replies_then_success(proxy_factory, fake_qwen, fake_pri
     assert response.json()["score"] == pytest.approx(0.35) and response.json()["attempts"] == 3
     temperatures = [b["temperature"] for b in fake_qwen.chat_requests]
     assert temperatures == [0.0, 0.3, 0.3]  # re-asks use the configured temperature
+    assert response.json()["sampling"]["temperature"] == 0.3  # provenance: what the scored reply had
 
 
 def test_unparseable_every_time_is_an_explicit_502_never_zero(client, fake_qwen):
@@ -47,6 +48,13 @@ def test_truncated_think_is_reported_as_cut_at_max_tokens(client, fake_primo):
     response = client.post("/score", json={**EPISODE, "backend": "PRIMO-R1"})
     assert response.status_code == 502
     assert "finish_reason=length" in response.json()["error"]["message"]
+
+
+def test_absurd_retry_after_is_capped_not_a_500(client, fake_qwen):
+    fake_qwen.script(*[{"status": 503, "retry_after": "1e999"}] * 4)
+    response = client.post("/score", json=EPISODE)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "upstream_unavailable"
+    assert 1 <= int(response.headers["retry-after"]) <= 3600
 
 
 def test_exhausted_503s_answer_503_with_attempts_and_retry_after(client, fake_qwen):

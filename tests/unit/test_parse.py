@@ -17,6 +17,7 @@ TABLE = [
     ("<score>40</score>", "auto", 0.4, 40, "score_tag"),
     ("Progress so far. [SCORE] 8/10", "auto", 0.8, 8, "score_marker"),
     ("SCORE: 65", "percentage", 0.65, 65, "score_marker"),
+    ("Score: 7 out of 10", "percentage", 0.7, 7, "score_marker"),
     ("My rating: [[0.9]]", "unit", 0.9, 0.9, "double_bracket"),
     ("About 30% done.", "auto", 0.3, 30, "percent"),
     ("3 out of 4 steps", "auto", 0.75, 3, "fraction"),
@@ -44,6 +45,11 @@ def test_numbers_in_reasoning_never_win():
     # no tag after the reasoning: the reasoning's numbers are not a fallback
     with pytest.raises(ScoreParseError):
         parse_score("<think>it is 80 percent done</think> hmm", "percentage")
+
+
+def test_reply_that_starts_inside_the_reasoning_ignores_it():
+    # templates that open <think> in the prompt: the reply holds only the closing tag
+    assert parse_score("reasoning: 50% done</think> Final: 80", "percentage").score == pytest.approx(0.8)
 
 
 def test_truncated_reasoning_is_a_parse_failure_that_says_why():
