@@ -136,7 +136,7 @@ serve_vllm() {
     [[ $tp =~ ^[1-9][0-9]*$ ]] || _die "--tensor-parallel-size must be a positive integer (got '$tp')"
     [[ $tp -eq ${#gpu_list[@]} ]] ||
         _die "--tensor-parallel-size $tp but --gpus $gpus lists ${#gpu_list[@]} GPU(s); they must match"
-    [[ $port =~ ^[0-9]+$ ]] && ((port >= 1 && port <= 65535)) || _die "--port must be 1-65535 (got '$port')"
+    [[ $port =~ ^[0-9]+$ ]] && ((10#$port >= 1 && 10#$port <= 65535)) || _die "--port must be 1-65535 (got '$port')"
     [[ $max_model_len =~ ^[1-9][0-9]*$ ]] || _die "--max-model-len must be a positive integer (got '$max_model_len')"
     [[ $seed =~ ^-?[0-9]+$ ]] || _die "--seed must be an integer (got '$seed')"
     [[ $gpu_mem =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v x="$gpu_mem" 'BEGIN { exit !(x > 0 && x <= 1) }' ||

@@ -85,6 +85,20 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequest
     return ScoreRequestBody(payload, temp_video)
 
 
+async def build_request_body_async(episode: Episode, cfg: RewardModelConfig) -> ScoreRequestBody:
+    """`build_request_body` in a worker thread. The thread cannot be stopped, so a cancel while
+    it runs lets it finish and then deletes the temp MP4 it wrote (unless `keep_temp_video`)."""
+    future = asyncio.ensure_future(asyncio.to_thread(build_request_body, episode, cfg))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        def discard(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is None:
+                done.result().discard(cfg.keep_temp_video)
+        future.add_done_callback(discard)
+        raise
+
+
 def parse_score_body(body: Any, attempts: int) -> float:
     """The score of a 200 answer, or APIResponseValidationError: never a silent default."""
     score = body.get("score") if isinstance(body, dict) else None
@@ -177,9 +191,15 @@ class TransportCore:
             self.stats.requests += 1
             retry_after = None
             try:
-                response = await self.http.post(
+                # httpx's timeout bounds each socket operation; wait_for bounds the whole request
+                # (a reply that drips in slowly).
+                response = await asyncio.wait_for(self.http.post(
                     url, content=content, headers={"content-type": "application/json"},
-                    timeout=httpx.Timeout(remaining, connect=min(cfg.connect_timeout, remaining)))
+                    timeout=httpx.Timeout(remaining, connect=min(cfg.connect_timeout, remaining))),
+                    remaining)
+            except asyncio.TimeoutError as err:  # noqa: UP041 (not TimeoutError before 3.11)
+                raise APITimeoutError(f"no score within timeout={cfg.timeout:g}s",
+                                      attempts=attempt) from err
             except httpx.TimeoutException as err:
                 if not isinstance(err, httpx.ConnectTimeout) or time.monotonic() >= deadline:
                     raise APITimeoutError(f"no score within timeout={cfg.timeout:g}s "

@@ -9,6 +9,7 @@ Support is probed once per client with an empty batch (a proxy that has the rout
 404 without a proxy error code, or 405, means "not offered". A batch the proxy refuses as a
 whole (400/404/405/413/422), or an answer of another shape, switches batching off for the
 client and those episodes go through /score. Items that fail with 429/503 are retried alone.
+Either way the retry keeps the batch's deadline: an episode never takes more than `timeout`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rlinf_client import _constants as C
 from rlinf_client._base_client import (
     ScoreRequestBody,
     TransportCore,
-    build_request_body,
+    build_request_body_async,
     parse_score_body,
     response_json,
 )
@@ -87,11 +88,13 @@ async def score_in_batches(client: AsyncRewardClient, episodes: list[Episode]) -
     sending: list[asyncio.Task] = []
     packed: list[tuple[int, ScoreRequestBody, float]] = []
     packed_bytes = 0
+    deadlines: dict[int, float] = {}  # each sent episode's batch deadline, kept by its retry
 
     def flush() -> None:
         nonlocal packed, packed_bytes
         if packed:
-            sending.append(asyncio.ensure_future(_send_batch(client, episodes, packed, results)))
+            sending.append(asyncio.ensure_future(
+                _send_batch(client, episodes, packed, results, deadlines)))
         packed, packed_bytes = [], 0
 
     try:
@@ -99,7 +102,7 @@ async def score_in_batches(client: AsyncRewardClient, episodes: list[Episode]) -
             await client._slots.acquire()
             started = time.perf_counter()
             try:
-                body = await asyncio.to_thread(build_request_body, episode, cfg)
+                body = await build_request_body_async(episode, cfg)
             except FramesError as err:
                 client._slots.release()
                 results[index] = client._failed(episode, err, started)
@@ -120,20 +123,24 @@ async def score_in_batches(client: AsyncRewardClient, episodes: list[Episode]) -
         raise
     retry = [i for i, r in enumerate(results) if r is None]  # refused batch or retryable item
     if retry:
-        again = await client._gather([client._score_one(episodes[i]) for i in retry])
+        again = await client._gather([client._score_one(episodes[i], deadline=deadlines.get(i))
+                                      for i in retry])
         for index, result in zip(retry, again, strict=True):
             results[index] = result
     return results  # type: ignore[return-value]
 
 
 async def _send_batch(client: AsyncRewardClient, episodes: list[Episode],
-                      packed: list[tuple[int, ScoreRequestBody, float]], results: list) -> None:
+                      packed: list[tuple[int, ScoreRequestBody, float]], results: list,
+                      deadlines: dict[int, float]) -> None:
     """One POST /score/batch; fills `results` where the outcome is final, leaves None where
-    the episode should go through /score."""
+    the episode should go through /score (by `deadlines[index]`, this batch's deadline)."""
     try:
         content = json.dumps({"items": [body.payload for _, body, _ in packed]},
                              separators=(",", ":")).encode()
         deadline = time.monotonic() + client.config.timeout
+        for index, _, _ in packed:
+            deadlines[index] = deadline
         try:
             data, attempts = await client._core.post_json(client.config.batch_url, content, deadline)
         except APIStatusError as err:

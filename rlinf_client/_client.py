@@ -19,10 +19,11 @@ from typing import Any, TypeVar
 import httpx
 
 from rlinf_client import _batch
-from rlinf_client._base_client import TransportCore, build_request_body, parse_score_body
+from rlinf_client._base_client import TransportCore, build_request_body_async, parse_score_body
 from rlinf_client._config import RewardModelConfig
 from rlinf_client._exceptions import (
     APIConnectionError,
+    APITimeoutError,
     FramesError,
     RewardAPIError,
     RewardClientError,
@@ -126,13 +127,19 @@ class AsyncRewardClient:
                 raise task.exception()
         return [t.result() for t in tasks]
 
-    async def _score_one(self, episode: Episode) -> EpisodeScore:
+    async def _score_one(self, episode: Episode, deadline: float | None = None) -> EpisodeScore:
+        """`deadline` (time.monotonic()): an earlier attempt's, e.g. a batch's, so that one
+        episode never takes more than `timeout` in all; by default one starts now."""
         async with self._slots:  # also bounds the encoded bodies held in memory at once
             # The episode's `timeout` starts with its request, not while it queues for a slot.
             started = time.perf_counter()
-            deadline = time.monotonic() + self.config.timeout
+            if deadline is None:
+                deadline = time.monotonic() + self.config.timeout
             try:
-                body = await asyncio.to_thread(build_request_body, episode, self.config)
+                if time.monotonic() >= deadline:
+                    raise APITimeoutError(f"no score within timeout={self.config.timeout:g}s",
+                                          attempts=0)
+                body = await build_request_body_async(episode, self.config)
                 try:
                     data, attempts = await self._core.post_json(self.config.score_url,
                                                                 body.to_bytes(), deadline)

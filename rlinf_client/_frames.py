@@ -212,10 +212,13 @@ def write_temp_mp4(frames: np.ndarray, fps: float, directory: str | None) -> str
         raise MissingDependencyError(
             "transport: path writes an MP4 with OpenCV; install opencv-python-headless "
             "(or use transport: inline, which needs no OpenCV and no shared filesystem)") from err
-    if directory is not None:
-        os.makedirs(directory, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix="rlinf-episode-", suffix=".mp4", dir=directory)
-    os.close(fd)
+    try:
+        if directory is not None:
+            os.makedirs(directory, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="rlinf-episode-", suffix=".mp4", dir=directory)
+        os.close(fd)
+    except OSError as e:  # a bad temp_video_dir, a full disk: the failure policy applies
+        raise FramesError(f"cannot write temp MP4: {e}") from e
     height, width = frames.shape[1:3]
     writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (width, height))
     try:

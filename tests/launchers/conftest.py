@@ -101,7 +101,7 @@ class FakeVllmEnv:
         self.record_dir = tmp_path / "records"
         self.record_dir.mkdir()
         self.env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
             "PATH": os.pathsep.join([str(FAKE_BIN), str(Path(sys.executable).parent),
                                      os.environ.get("PATH", "")]),
             "FAKE_VLLM_RECORD_DIR": str(self.record_dir),

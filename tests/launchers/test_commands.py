@@ -171,3 +171,21 @@ def test_api_key_goes_to_the_server_environment_and_is_never_printed():
     assert primo.shell_line().startswith('VLLM_API_KEY="$PRIMO_TOKEN" CUDA_VISIBLE_DEVICES=2 ')
     assert any("api_key_env names PRIMO_TOKEN, which is not set" in e
                for e in plan_of(data).errors)
+
+
+def test_gpus_are_positions_in_the_parents_cuda_visible_devices():
+    plan = plan_of(four_gpu(), {**ENV, "CUDA_VISIBLE_DEVICES": "4, 5,6,GPU-abc"})
+    assert plan.errors == []
+    assert [c.env["CUDA_VISIBLE_DEVICES"] for c in plan.commands] == ["4,5", "6", "GPU-abc"]
+    assert [c.gpus for c in plan.commands] == [(0, 1), (2,), (3,)]
+    assert [c.env["CUDA_VISIBLE_DEVICES"] for c in plan_of(four_gpu(), {
+        **ENV, "CUDA_VISIBLE_DEVICES": ""}).commands] == ["0,1", "2", "3"]  # empty: not limited
+
+
+def test_gpu_position_outside_the_parents_cuda_visible_devices_is_a_plan_error():
+    plan = plan_of(four_gpu(), {**ENV, "CUDA_VISIBLE_DEVICES": "4,5"})
+    assert plan.errors == [
+        "backends.PRIMO-R1.launch.replicas[0].gpus [2]: GPU position(s) [2] out of range; this "
+        "process has CUDA_VISIBLE_DEVICES=4,5 (2 GPU(s), positions 0-1)",
+        "backends.PRIMO-R1.launch.replicas[1].gpus [3]: GPU position(s) [3] out of range; this "
+        "process has CUDA_VISIBLE_DEVICES=4,5 (2 GPU(s), positions 0-1)"]

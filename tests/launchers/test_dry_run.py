@@ -25,6 +25,7 @@ def model_paths(monkeypatch):
     monkeypatch.setenv("QWEN2_5_VL_MODEL_PATH", QWEN_PATH)
     monkeypatch.setenv("PRIMO_R1_MODEL_PATH", PRIMO_PATH)
     monkeypatch.delenv("VLLM_BIN", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
 def test_dry_run_of_the_shipped_config(capsys, tmp_path):
@@ -113,3 +114,19 @@ def test_up_and_down_are_registered_with_help(capsys):
     for option in ["--config", "--dry-run", "--allow-gpu-overlap", "--timeout", "--grace",
                    "--runs-dir", "--pid-file", "--detach", "--no-proxy", "--logs", "--vllm"]:
         assert option in out
+
+
+def test_dry_run_maps_gpus_through_the_parents_cuda_visible_devices(capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert cli("up", "--config", str(EXAMPLE), "--dry-run") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ("this process has CUDA_VISIBLE_DEVICES=4,5,6,7: replicas[].gpus are positions in "
+            "that list") in lines
+    assert "  GPU 1 (device 5): qwen2_5_vl_vllm-r0" in lines
+    assert any(line.startswith("  qwen2_5_vl_vllm-r0: GPUs 0,1 (-> CUDA_VISIBLE_DEVICES=4,5), ")
+               for line in lines)
+    assert any(line.startswith("    CUDA_VISIBLE_DEVICES=7 vllm serve ") for line in lines)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert cli("up", "--config", str(EXAMPLE), "--dry-run") == 2
+    out = capsys.readouterr().out
+    assert "backends.PRIMO-R1.launch.replicas[0].gpus [2]: GPU position(s) [2] out of range" in out

@@ -104,6 +104,19 @@ def test_bad_arguments_fail_before_vllm_starts(run_script, fake_vllm_env, args, 
     assert fake_vllm_env.records() == {}
 
 
+@pytest.mark.parametrize("port", ["00", "08", "099999"])
+def test_port_with_leading_zero_is_read_as_decimal(run_script, fake_vllm_env, port):
+    result = run_script("serve_primo_r1.sh", "/m", "--gpus", "0", "--port", port, "--dry-run",
+                        PRIMO_R1_MODEL_PATH="")
+    assert "base" not in result.stderr and "value too great" not in result.stderr
+    if port == "08":  # decimal 8: a valid port
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 2
+        assert "--port must be 1-65535" in result.stderr
+    assert fake_vllm_env.records() == {}
+
+
 def test_dry_run_prints_without_running(run_script, fake_vllm_env):
     result = run_script("serve_primo_r1.sh", "/m", "--gpus", "2", "--dry-run")
     assert result.returncode == 0

@@ -25,7 +25,12 @@ from rlinf_client import (
     UnprocessableEntityError,
 )
 from rlinf_client._base_client import parse_retry_after, retry_delay
-from rlinf_client._exceptions import APIStatusError, InternalServerError, make_status_error
+from rlinf_client._exceptions import (
+    APIStatusError,
+    FramesError,
+    InternalServerError,
+    make_status_error,
+)
 from tests.rlinf._support import FakeProxy, error_response, frame_tag, tagged_frames
 
 FRAMES = tagged_frames(0, range(40), size=8)
@@ -273,3 +278,151 @@ def test_episode_inputs_can_be_tuples_or_dicts():
         results = client.score_episodes([(FRAMES, "a"), {"frames": FRAMES, "task_text": "b", "fallback": 1.0},
                                          Episode(np.asarray(FRAMES), "c")])
     assert [r.value for r in results] == [0.5, 0.5, 0.5]
+
+
+# -- one deadline per episode, whatever path it takes -------------------------------------------
+class _SlowProxy(httpx.AsyncBaseTransport):
+    """Answers after `delay` s: /score with a score, /score/batch with `batch_answer`."""
+
+    def __init__(self, delay: float, batch_answer) -> None:
+        self.delay, self.batch_answer, self.paths = delay, batch_answer, []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(await request.aread())
+        self.paths.append(request.url.path)
+        if request.url.path == "/score/batch" and not body["items"]:
+            return error_response(422, "invalid_request")  # the probe: batching is offered
+        await asyncio.sleep(self.delay)
+        if request.url.path == "/score/batch":
+            return self.batch_answer(len(body["items"]))
+        return httpx.Response(200, json={"score": 0.9})
+
+
+def _items_unavailable(n: int) -> httpx.Response:
+    return httpx.Response(200, json={"results": [
+        {"index": i, "ok": False, "status": 503, "error": {"code": "upstream_unavailable"}}
+        for i in range(n)]})
+
+
+@pytest.mark.parametrize("batch_answer", [
+    _items_unavailable, lambda n: error_response(413, "payload_too_large")])
+async def test_a_batch_retry_through_score_keeps_the_batchs_deadline(batch_answer):
+    proxy = _SlowProxy(0.6, batch_answer)
+    async with AsyncRewardClient(endpoint="http://proxy.test/score", http_transport=proxy,
+                                 timeout=1.0, batch="auto") as client:
+        started = time.monotonic()
+        results = await client.score_episodes([(FRAMES, "a", 0.0), (FRAMES, "b", 0.0)])
+        elapsed = time.monotonic() - started
+    assert [(r.ok, r.value, r.reason) for r in results] == [(False, 0.0, "timeout")] * 2
+    assert all(isinstance(r.error, APITimeoutError) for r in results)
+    assert proxy.paths.count("/score") == 2 and elapsed < 1.6
+
+
+async def test_score_one_past_its_deadline_fails_at_once_without_a_request():
+    fake = FakeProxy()
+    async with client_for(fake) as client:
+        result = await client._score_one(Episode(FRAMES, "t", 0.25), deadline=time.monotonic())
+        assert (result.ok, result.value, result.reason) == (False, 0.25, "timeout")
+    assert fake.requests == []
+    async with client_for(fake, fail_on_request_error=True) as client:
+        with pytest.raises(APITimeoutError):
+            await client._score_one(Episode(FRAMES, "t", 0.25), deadline=time.monotonic() - 1)
+    assert fake.requests == []
+
+
+async def test_the_timeout_bounds_a_reply_that_drips_in():
+    """A real socket: each byte arrives well within the timeout, the whole reply does not."""
+    tasks, stop = [], asyncio.Event()
+
+    async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        payload = b'{"score": 0.9}' + b" " * 26
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n" % len(payload))
+        try:
+            for byte in payload:  # 40 bytes, 0.1 s apart: 4 s in all
+                if stop.is_set():
+                    break
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader, writer):
+        tasks.append(asyncio.current_task())
+        await drip(reader, writer)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with AsyncRewardClient(endpoint=f"http://127.0.0.1:{port}/score", timeout=0.8,
+                                     batch="never") as client:
+            started = time.monotonic()
+            result = await client.score_episode(FRAMES, "t", fallback=0.0)
+            elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+    assert (result.ok, result.value, result.reason) == (False, 0.0, "timeout")
+    assert isinstance(result.error, APITimeoutError) and elapsed < 1.6 * 0.8
+
+
+# -- transport: path temp files -------------------------------------------------------------------
+async def test_an_unwritable_temp_video_dir_follows_the_failure_policy(tmp_path):
+    pytest.importorskip("cv2")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    fake = FakeProxy()
+    async with client_for(fake, transport="path", temp_video_dir=str(not_a_dir)) as client:
+        result = await client.score_episode(FRAMES, "t", fallback=1.0)
+        assert (result.ok, result.value, result.reason) == (False, 1.0, "invalid_frames")
+        assert isinstance(result.error, FramesError) and "cannot write temp MP4" in str(result.error)
+    async with client_for(fake, transport="path", temp_video_dir=str(not_a_dir),
+                          fail_on_request_error=True) as client:
+        with pytest.raises(FramesError, match="cannot write temp MP4"):
+            await client.score_episode(FRAMES, "t")
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("batch", ["never", "auto"])
+async def test_cancel_while_the_body_is_built_still_deletes_the_temp_mp4(tmp_path, monkeypatch,
+                                                                        batch):
+    pytest.importorskip("cv2")
+    import threading
+
+    from rlinf_client import _base_client
+
+    entered, release, built = threading.Event(), threading.Event(), []
+    real = _base_client.build_request_body
+
+    def slow_build(episode, cfg):
+        entered.set()
+        body = real(episode, cfg)
+        built.append(body.temp_video)
+        release.wait(10)
+        return body
+
+    monkeypatch.setattr(_base_client, "build_request_body", slow_build)
+    fake = FakeProxy(batch=True)
+    async with client_for(fake, transport="path", temp_video_dir=str(tmp_path),
+                          batch=batch) as client:
+        task = asyncio.ensure_future(client.score_episodes([(FRAMES, "t", 0.0)]))
+        assert await asyncio.to_thread(entered.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        for _ in range(100):  # the thread finishes, then its temp MP4 goes
+            if built and not list(tmp_path.iterdir()):
+                break
+            await asyncio.sleep(0.05)
+    assert len(built) == 1 and built[0] is not None and list(tmp_path.iterdir()) == []
+    assert fake.score_requests == []
