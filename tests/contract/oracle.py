@@ -97,5 +97,13 @@ def video_parts(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for m in report["messages"] for p in m["parts"] if p["type"] == "video_url"]
 
 
+def only_video(report: dict[str, Any]) -> dict[str, Any]:
+    """The decoded video of a report that must hold exactly one video part, decoded without error."""
+    parts = video_parts(report)
+    assert len(parts) == 1, parts
+    assert "error" not in parts[0], parts[0]
+    return parts[0]["video"]
+
+
 def image_parts(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for m in report["messages"] for p in m["parts"] if p["type"] == "image_url"]

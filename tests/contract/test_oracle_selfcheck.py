@@ -22,8 +22,8 @@ from tests.contract.oracle import (
     ORACLE_SCRIPT,
     contract_python,
     image_parts,
+    only_video,
     run_oracle,
-    video_parts,
 )
 
 pytestmark = pytest.mark.contract
@@ -93,12 +93,6 @@ def reports() -> dict[str, dict[str, Any]]:
     return dict(zip(names, run_oracle([CASES[n] for n in names]), strict=True))
 
 
-def _only_video(report: dict[str, Any]) -> dict[str, Any]:
-    parts = video_parts(report)
-    assert len(parts) == 1, parts
-    assert "error" not in parts[0], parts[0]
-    return parts[0]["video"]
-
 
 def _assert_first_frames_in_order(video: dict[str, Any], n: int) -> None:
     means = video["frame_means"]
@@ -111,7 +105,7 @@ def test_a_per_request_kwargs_keep_all_40_frames(reports):
     r = reports["a_per_request_40"]
     assert r["request_valid"] and r["mm_kwargs_check"]["ok"] and r["decode_ok"] and r["would_accept"], r
     assert r["media_io_kwargs"]["merged"] == {"video": {"num_frames": N_FRAMES, "fps": 2.0}}
-    video = _only_video(r)
+    video = only_video(r)
     assert video["num_frames"] == N_FRAMES
     assert (video["width"], video["height"], video["frame_sizes_distinct"]) == (64, 48, 1)
     _assert_first_frames_in_order(video, N_FRAMES)
@@ -126,7 +120,7 @@ def test_a_per_request_kwargs_keep_all_40_frames(reports):
 def test_b_server_default_keeps_only_first_32(reports):
     r = reports["b_server_default"]
     assert r["would_accept"], r  # accepted with 200: the truncation is silent
-    video = _only_video(r)
+    video = only_video(r)
     assert video["num_frames"] == 32
     _assert_first_frames_in_order(video, 32)  # the END of the episode is what gets dropped
     assert video["metadata"]["fps"] == 1.0
@@ -148,7 +142,7 @@ def test_c_untrusted_server_rejects_per_request_media_io_kwargs(reports):
 def test_fps_alone_drops_server_num_frames(reports):
     r = reports["d_fps_only_wipes_server_num_frames"]
     assert r["media_io_kwargs"]["merged"] == {"video": {"fps": 2.0}}
-    video = _only_video(r)
+    video = only_video(r)
     assert video["num_frames"] == 32
     assert video["metadata"]["fps"] == 2.0
 
@@ -156,7 +150,7 @@ def test_fps_alone_drops_server_num_frames(reports):
 def test_launcher_with_both_keys_keeps_everything(reports):
     r = reports["e_launcher_both_keys"]
     assert r["would_accept"], r
-    video = _only_video(r)
+    video = only_video(r)
     assert video["num_frames"] == N_FRAMES
     _assert_first_frames_in_order(video, N_FRAMES)
     assert video["metadata"]["fps"] == 2.0
@@ -166,7 +160,7 @@ def test_launcher_with_both_keys_keeps_everything(reports):
 def test_launcher_safety_net_without_request_kwargs(reports):
     r = reports["f_launcher_no_kwargs"]
     assert r["media_io_kwargs"]["merged"] == {"video": {"num_frames": -1}}
-    video = _only_video(r)
+    video = only_video(r)
     assert video["num_frames"] == N_FRAMES
     assert video["metadata"]["fps"] == 1.0
 
@@ -174,7 +168,7 @@ def test_launcher_safety_net_without_request_kwargs(reports):
 def test_stock_server_without_kwargs_accepts_but_truncates(reports):
     r = reports["g_stock_no_kwargs"]
     assert r["mm_kwargs_check"]["ok"] and r["would_accept"], r
-    assert _only_video(r)["num_frames"] == 32
+    assert only_video(r)["num_frames"] == 32
 
 
 def test_image_part_and_message_order(reports):

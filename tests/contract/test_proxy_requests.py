@@ -40,9 +40,9 @@ from tests.contract.oracle import (
     contract_python,
     image_parts,
     launcher_server,
+    only_video,
     payload,
     run_oracle,
-    video_parts,
 )
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
@@ -206,12 +206,6 @@ def reports(exchanges) -> dict[tuple[str, str], dict[str, Any]]:
     return dict(zip(keys, run_oracle([docs[k] for k in keys]), strict=True))
 
 
-def _only_video(report: dict[str, Any]) -> dict[str, Any]:
-    parts = video_parts(report)
-    assert len(parts) == 1, parts
-    assert "error" not in parts[0], parts[0]
-    return parts[0]["video"]
-
 
 def _expected_means(ex: Exchange) -> list[float]:
     """Mean of each source frame the proxy says it sent (response indices), before JPEG/resize."""
@@ -312,7 +306,7 @@ def test_vllm_decodes_exactly_the_frames_the_proxy_sent(reports, exchanges, name
     assert meant["indices"][0] == 0 and meant["indices"][-1] == ex.case.count - 1
     # the request's kwargs win over the server's num_frames -1
     assert r["media_io_kwargs"]["merged"] == ex.body["media_io_kwargs"]
-    video = _only_video(r)
+    video = only_video(r)
     assert video["num_frames"] == count
     _assert_same_frames(video["frame_means"], ex)
     # size: one size, a multiple of 28, within the pixel budget, the one the proxy reports
@@ -341,7 +335,7 @@ def test_long_episode_keeps_every_sampled_frame_and_the_contrast(reports, exchan
     ex = exchanges[name]
     n = ex.case.nframes
     assert n > VLLM_DEFAULT_NUM_FRAMES
-    kept = _only_video(reports[(name, "launcher")])
+    kept = only_video(reports[(name, "launcher")])
     assert kept["num_frames"] == n
     assert kept["frame_means"][-1] == pytest.approx(float(ex.frames[-1].mean()), abs=MEAN_TOL)
     assert ex.response["frames"]["indices"][-1] == ex.case.count - 1
@@ -349,14 +343,14 @@ def test_long_episode_keeps_every_sampled_frame_and_the_contrast(reports, exchan
     # contrast: the same body without media_io_kwargs, on a server without --media-io-kwargs
     stock = reports[(name, "stock_no_kwargs")]
     assert stock["would_accept"], stock["error_response"]  # 200 OK: the loss is silent
-    cut = _only_video(stock)
+    cut = only_video(stock)
     assert cut["num_frames"] == VLLM_DEFAULT_NUM_FRAMES
     assert cut["frame_means"] == pytest.approx(kept["frame_means"][:VLLM_DEFAULT_NUM_FRAMES], abs=0.01)
     assert max(cut["frame_means"]) < kept["frame_means"][-1] - 30  # the episode's end is gone
     assert cut["metadata"]["fps"] == 1.0
 
     # and the launchers' --media-io-kwargs alone keeps the frames, but not the timing
-    net = _only_video(reports[(name, "launcher_no_kwargs")])
+    net = only_video(reports[(name, "launcher_no_kwargs")])
     assert net["num_frames"] == n
     assert net["metadata"]["fps"] == 1.0 and net["metadata"]["duration"] == pytest.approx(n)
 
@@ -379,7 +373,7 @@ def test_primo_messages_are_image_video_image_text_with_first_and_last_frames(re
     assert "<answer>" in r["messages"][0]["parts"][0]["text"]
     assert [p["type"] for p in r["messages"][1]["parts"]] == ["image_url", "video_url", "image_url", "text"]
     first, last = image_parts(r)
-    video = _only_video(r)
+    video = only_video(r)
     for img in (first, last):
         assert img["image"] == {"width": video["width"], "height": video["height"], "mode": "RGB"}
     assert first["image_mean"] == pytest.approx(video["frame_means"][0], abs=1.5)
