@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from proxy.config import BackendConfig, Settings
 from proxy.errors import RETRYABLE_UPSTREAM, UnknownBackend, UpstreamError
 from proxy.observe import Metrics
 from proxy.pool import Endpoint, EndpointPool
+from proxy.retry import Attempt
 
 T = TypeVar("T")
+log = logging.getLogger("vlm_reward_proxy.upstream")
 
 
 @dataclass
@@ -25,24 +28,27 @@ class Backend:
     def labels(self) -> list[str]:
         return [self.name, self.config.model, *self.config.aliases]
 
-    async def call(self, avoid: set[str], metrics: Metrics, fn: Callable[[Endpoint], Awaitable[T]]) -> T:
+    async def call(self, attempt: Attempt, metrics: Metrics, fn: Callable[[Endpoint], Awaitable[T]]) -> T:
         """Run one upstream call on a reserved endpoint, feeding the outcome to its circuit."""
         queued = time.perf_counter()
-        async with self.pool.acquire(avoid) as endpoint:
+        async with self.pool.acquire(attempt.avoid) as endpoint:
+            attempt.sent = True
             metrics.queue_wait.labels(self.name).observe(time.perf_counter() - queued)
             try:
                 result = await fn(endpoint)
             except UpstreamError as err:
-                self.note_failure(endpoint, err, metrics)
+                self.note_failure(endpoint, err, metrics, attempt)
                 raise
             metrics.upstream_calls.labels(self.name, endpoint.base_url, "ok").inc()
             return result
 
-    def note_failure(self, endpoint: Endpoint, err: UpstreamError, metrics: Metrics) -> None:
+    def note_failure(self, endpoint: Endpoint, err: UpstreamError, metrics: Metrics, attempt: Attempt) -> None:
         # 429 is back-pressure and a 4xx is our request's fault: neither means the replica is broken.
         broken = isinstance(err, RETRYABLE_UPSTREAM) and err.upstream_status != 429
-        self.pool.record_failure(endpoint, counts_for_circuit=broken)
+        self.pool.record_failure(endpoint, cause=f"{err.code}: {err.message[:200]}", counts_for_circuit=broken)
         metrics.upstream_calls.labels(self.name, endpoint.base_url, err.code).inc()
+        log.warning("upstream call failed: backend=%s endpoint=%s attempt=%d code=%s: %s",
+                    self.name, endpoint.base_url, attempt.number, err.code, err.message[:300])
 
 
 class BackendRegistry:

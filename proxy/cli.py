@@ -9,32 +9,20 @@ from collections.abc import Callable
 
 from proxy.errors import ConfigError
 
-# Longer than clients' own idle expiry (httpx: 5 s), so a client never reuses a connection the
-# proxy is closing; RLinf sends bursts at episode ends with quiet gaps between them.
-KEEP_ALIVE_S = 75
-
 _SERVER_PACKAGES = {"fastapi", "uvicorn", "pydantic", "tenacity", "PIL", "cv2", "prometheus_client", "starlette"}
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from proxy.api import create_app
     from proxy.config import load_settings
+    from proxy.serve import serve
 
-    settings = load_settings(args.config)
-    host = args.host or settings.proxy.host
-    port = args.port if args.port is not None else settings.proxy.port
-    app = create_app(settings)
-    logging.getLogger("vlm_reward_proxy").info(
-        "serving backends %s on http://%s:%d", ", ".join(settings.backends), host, port)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, access_log=args.access_log,
-                timeout_keep_alive=KEEP_ALIVE_S)
+    serve(load_settings(args.config), host=args.host, port=args.port, log_level=args.log_level,
+          access_log=args.access_log)
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    from proxy.api import create_app
+    from proxy.app import create_app
     from proxy.config import load_settings
 
     settings = load_settings(args.config)

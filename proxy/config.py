@@ -15,12 +15,27 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxy.errors import ConfigError
+from proxy.scales import SCORE_MODES
+from vlm_protocol import strict_yaml
 
 log = logging.getLogger(__name__)
 
 Layout = Literal["qwen_video", "primo_interleave", "images"]
-ScoreMode = Literal["auto", "percentage", "unit", "binary"]
+ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/scales.py
 PositiveInt = Annotated[int, Field(gt=0)]
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost: only this machine can connect."""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def connect_host(host: str) -> str:
+    """Where to connect to reach a server bound to `host` (a wildcard is reachable on loopback)."""
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
 
 
 class _Strict(BaseModel):
@@ -47,6 +62,8 @@ class ProxySettings(_Strict):
     max_batch_items: PositiveInt = 512  # POST /score/batch
     # Name of the env var holding a bearer token required on every route but /health.
     api_key_env: str | None = None
+    # On SIGTERM/SIGINT: requests in flight get this long, then are answered 503 shutting_down.
+    shutdown_grace_s: float = Field(10.0, ge=0, le=600)
 
 
 class SamplingConfig(_Strict):
@@ -78,14 +95,22 @@ class FramesConfig(_Strict):
         return self
 
 
+class ReaskConfig(_Strict):
+    """How a re-ask after an unparseable reply differs from the first ask: it samples (temperature
+    above 0, so greedy decoding cannot repeat the same reply) with seed + ask number."""
+
+    temperature: float = Field(0.3, gt=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)  # None = the backend's own top_p
+
+
 class RetryConfig(_Strict):
     attempts: PositiveInt = 4  # upstream tries per ask (transport errors, 429, 5xx)
     parse_attempts: PositiveInt = 2  # asks when the reply has no score
     backoff_s: tuple[float, float] = (0.05, 5.0)  # first wait, cap; jittered exponential
     timeout_s: float = Field(120.0, gt=0)  # one upstream call
-    deadline_s: float = Field(300.0, gt=0)  # the whole /score, all retries included
-    # Re-ask after an unparseable reply with this temperature (None = unchanged).
-    parse_retry_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    # The whole /score, all retries included; capped further by the client's own budget.
+    deadline_s: float = Field(300.0, gt=0)
+    reask: ReaskConfig = ReaskConfig()
 
     @field_validator("backoff_s")
     @classmethod
@@ -240,7 +265,7 @@ def load_settings(path: str | Path) -> Settings:
     except OSError as err:
         raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
     try:
-        data = yaml.safe_load(text)
+        data = strict_yaml.load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):

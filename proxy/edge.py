@@ -1,98 +1,115 @@
-"""The HTTP edge, as one plain ASGI middleware, plus the one error → HTTP mapping.
+"""The HTTP edge, as one plain ASGI middleware around the whole app.
 
-Every request gets a request id (the caller's x-request-id or a new one) on its response and
-in any error body; a bearer token is checked when configured (all routes but /health); bodies
-over the cap are refused before they are read (Content-Length) or as soon as a streamed body
-crosses it. Plain ASGI rather than @app.middleware("http"): that wrapper cost ~10% of the
-pass-through's CPU at c=32 (bench/profile_proxy.py).
+Per request: a request id (the caller's x-request-id or a new one) on the response and in any
+error body; the bearer token when configured (all routes but /health); the body cap (refused
+before reading on Content-Length, or as soon as a streamed body crosses it); the request
+counter (route, backend, outcome) for every answer, errors included; the catch-all for
+unexpected exceptions (logged with traceback, answered `internal_error`); and the shutdown
+gate (new requests refused while draining, unfinished ones answered 503 when the grace ends).
+Plain ASGI rather than @app.middleware("http"): that wrapper cost ~10% of the pass-through's
+CPU at c=32 (bench/profile_proxy.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import uuid
 
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.errors import InvalidRequest, MethodNotAllowed, PayloadTooLarge, ProxyError, RouteNotFound, Unauthorized
+from proxy.errors import PayloadTooLarge, ProxyError, ShuttingDown, Unauthorized
+from proxy.http_errors import error_response
+from proxy.observe import Metrics
+from proxy.shutdown import ShutdownGate
+
+log = logging.getLogger("vlm_reward_proxy")
 
 OPEN_PATHS = frozenset({"/health"})  # reachable without the bearer token (load balancers, `up`)
 
 
-def error_response(err: ProxyError, request_id: str | None) -> JSONResponse:
-    headers = {"x-request-id": request_id} if request_id else {}
-    if err.status_code in (429, 503):
-        # Always say when to come back; a server's own Retry-After wins when it gave one.
-        retry_after = getattr(err, "retry_after_s", None)
-        headers["retry-after"] = str(max(1, round(retry_after if retry_after is not None else 1)))
-    return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
-
-
-def request_id_of(headers: dict[bytes, bytes] | None) -> str:
-    given = (headers or {}).get(b"x-request-id")
+def request_id_of(headers: dict[bytes, bytes]) -> str:
+    given = headers.get(b"x-request-id")
     return given.decode("latin-1")[:64] if given else uuid.uuid4().hex[:16]
 
 
-def http_exception_error(exc: StarletteHTTPException) -> ProxyError:
-    """Starlette's own refusals (unparseable body, unknown route, wrong method) in our shape."""
-    if exc.status_code == 404:
-        return RouteNotFound("no such route")
-    if exc.status_code == 405:
-        return MethodNotAllowed("method not allowed on this route")
-    # e.g. invalid UTF-8 or nesting too deep for the JSON parser: as bad input as malformed JSON
-    return InvalidRequest(f"the request body could not be read: {exc.detail}", field="body")
-
-
 class Edge:
-    """Request id, bearer token, body cap. A streamed body that crosses the cap gets the 413
-    from here; the app then sees a disconnect and whatever it tries to send is dropped."""
-
-    def __init__(self, app, max_bytes: int, api_key: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, metrics: Metrics, gate: ShutdownGate,
+                 routes: frozenset[str], api_key: str | None = None) -> None:
         self.app, self.max_bytes = app, max_bytes
+        self.metrics, self.gate, self.routes = metrics, gate, routes
         self.expected_auth = f"Bearer {api_key}".encode() if api_key else None
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         request_id = request_id_of(headers)
-        scope.setdefault("state", {})["request_id"] = request_id  # read back as request.state
-        if self.expected_auth and scope["path"] not in OPEN_PATHS and not hmac.compare_digest(
-                headers.get(b"authorization", b""), self.expected_auth):
-            return await error_response(Unauthorized("missing or wrong bearer token"), request_id)(
-                scope, receive, send)
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await error_response(self._too_large(), request_id)(scope, receive, send)
-        seen, refused, started = 0, False, False
+        state = scope.setdefault("state", {})  # read back as request.state
+        state["request_id"] = request_id
+        route = scope["path"] if scope["path"] in self.routes else "unmatched"
+        started = refused = False
         id_header = (b"x-request-id", request_id.encode("latin-1"))
 
-        async def guarded_send(message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal started
             if refused:
                 return
             if message["type"] == "http.response.start":
                 started = True
+                status = message["status"]
+                outcome = state.get("error_code") or ("ok" if status < 400 else f"http_{status}")
+                self.metrics.requests.labels(route=route, backend=state.get("backend", "none"),
+                                             outcome=outcome).inc()
                 if not any(k.lower() == b"x-request-id" for k, _ in message.get("headers", ())):
                     message = {**message, "headers": [*message.get("headers", ()), id_header]}
             await send(message)
 
-        async def limited_receive():
+        async def answer(err: ProxyError) -> None:
+            await error_response(err, scope)(scope, receive, guarded_send)
+
+        if self.gate.draining and scope["path"] not in OPEN_PATHS:
+            return await answer(ShuttingDown("the proxy is shutting down; send this request again "
+                                             "to another instance or after it restarts"))
+        if self.expected_auth and scope["path"] not in OPEN_PATHS and not hmac.compare_digest(
+                headers.get(b"authorization", b""), self.expected_auth):
+            return await answer(Unauthorized("missing or wrong bearer token"))
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await answer(self._too_large())
+        seen = 0
+
+        async def limited_receive() -> Message:
             nonlocal seen, refused
             if refused:
                 return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes and not started:
-                await error_response(self._too_large(), request_id)(scope, receive, send)
-                refused = True
+                await answer(self._too_large())
+                refused = True  # what the app sends after this is dropped
                 return {"type": "http.disconnect"}
             return message
 
-        await self.app(scope, limited_receive, guarded_send)
+        task = asyncio.current_task()
+        self.gate.track(task)
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except asyncio.CancelledError:
+            if not self.gate.owns_cancellation(task):
+                raise
+            task.uncancel()
+            if not started:
+                await answer(ShuttingDown("the proxy shut down before this request finished "
+                                          "(grace period over); nothing was scored"))
+        except Exception as exc:  # noqa: BLE001 - the catch-all: one shape for every answer
+            log.exception("unexpected error on %s %s (request %s)", scope.get("method"), scope["path"], request_id)
+            if not started:
+                await answer(ProxyError(f"internal error ({type(exc).__name__}); the proxy log has the "
+                                        f"traceback under request id {request_id}"))
+        finally:
+            self.gate.untrack(task)
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body is over the {self.max_bytes / 2**20:g} MiB cap (proxy.max_body_mb)")
-
-

@@ -1,6 +1,7 @@
-"""Every error the proxy reports, each with its HTTP status and a machine-readable code.
+"""Every error the proxy reports; codes, HTTP statuses and retryability come from one table
+(vlm_protocol.errors.CODES), shared with the client.
 
-    ProxyError
+    ProxyError                    500  internal_error       (a bug; logged with its traceback)
     ├── InvalidRequest            422  invalid_request      (bad field; `field` names it)
     │   ├── MediaNotFound         422  media_not_found
     │   ├── MediaForbidden        403  media_forbidden      (video_path outside allowed roots)
@@ -11,7 +12,8 @@
     ├── Unauthorized              401  unauthorized         (proxy.api_key_env set, token wrong)
     ├── UnknownBackend            404  unknown_backend
     ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
-    ├── Overloaded                429  overloaded
+    ├── Overloaded                429  overloaded           (retryable)
+    ├── ShuttingDown              503  shutting_down        (retryable)
     ├── ConfigError               (start-up only, never an HTTP answer)
     ├── PromptTemplateError       500  prompt_template_invalid (a template file broke after an edit)
     └── UpstreamError             502  upstream_error       (base for failures of `vllm serve`)
@@ -20,28 +22,46 @@
         ├── UpstreamRejected      502  upstream_rejected    (a 4xx: our request was refused)
         │   └── MediaKwargsRefused 502 upstream_refuses_mm_kwargs
         ├── UpstreamProtocolError 502  upstream_bad_response (malformed JSON / shape)
-        └── ScoreParseError       502  unparseable_score    (no score in the model's reply)
+        └── ScoreParseError       502  unparseable_score    (no declared answer in the reply)
 
-`api.py` maps this tree to HTTP in one handler; nothing else builds error responses.
+`proxy/http_errors.py` turns this tree into HTTP answers; nothing else builds error responses.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vlm_protocol.errors import CODES
+
+# The model's reply shown in an unparseable_score answer and in the audit log, at most.
+MAX_REPLY_CHARS = 2000
+
 
 class ProxyError(Exception):
-    status_code: int = 500
     code: str = "internal_error"
+    status_code: int = 500
+    retryable: bool = False
 
-    def __init__(self, message: str, *, attempts: int | None = None, **details: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        entry = CODES.get(cls.code)
+        if entry is not None:  # ConfigError has no HTTP life
+            cls.status_code, cls.retryable = entry.status, entry.retryable
+
+    def __init__(self, message: str, *, attempts: int | None = None, retryable: bool | None = None,
+                 **details: Any) -> None:
         super().__init__(message)
         self.message = message
         self.attempts = attempts
+        if retryable is not None:
+            self.retryable = retryable
         self.details = details
 
+    def __str__(self) -> str:
+        return self.message
+
     def to_dict(self, request_id: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
         if self.attempts is not None:
             body["attempts"] = self.attempts
         if request_id is not None:
@@ -51,7 +71,6 @@ class ProxyError(Exception):
 
 
 class InvalidRequest(ProxyError):
-    status_code = 422
     code = "invalid_request"
 
     def __init__(self, message: str, *, field: str | None = None, **details: Any) -> None:
@@ -64,7 +83,6 @@ class MediaNotFound(InvalidRequest):
 
 
 class MediaForbidden(InvalidRequest):
-    status_code = 403
     code = "media_forbidden"
 
 
@@ -81,32 +99,30 @@ class TokenBudgetExceeded(InvalidRequest):
 
 
 class Unauthorized(ProxyError):
-    status_code = 401
     code = "unauthorized"
 
 
 class RouteNotFound(ProxyError):
-    status_code = 404
     code = "not_found"
 
 
 class MethodNotAllowed(ProxyError):
-    status_code = 405
     code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: str | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.allow = allow  # the Allow header's value
 
 
 class PayloadTooLarge(ProxyError):
-    status_code = 413
     code = "payload_too_large"
 
 
 class UnknownBackend(ProxyError):
-    status_code = 404
     code = "unknown_backend"
 
 
 class Overloaded(ProxyError):
-    status_code = 429
     code = "overloaded"
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **details: Any) -> None:
@@ -114,12 +130,22 @@ class Overloaded(ProxyError):
         self.retry_after_s = retry_after_s
 
 
+class ShuttingDown(ProxyError):
+    code = "shutting_down"
+    retry_after_s = 1.0
+
+
 class ConfigError(ProxyError):
     code = "config_error"
 
 
+class PromptTemplateError(ProxyError):
+    """A template file that cannot be loaded (bad YAML, undeclared variable): an operator error."""
+
+    code = "prompt_template_invalid"
+
+
 class UpstreamError(ProxyError):
-    status_code = 502
     code = "upstream_error"
 
     def __init__(
@@ -139,12 +165,10 @@ class UpstreamError(ProxyError):
 
 
 class UpstreamUnavailable(UpstreamError):
-    status_code = 503
     code = "upstream_unavailable"
 
 
 class UpstreamTimeout(UpstreamError):
-    status_code = 504
     code = "upstream_timeout"
 
 
@@ -161,19 +185,18 @@ class UpstreamProtocolError(UpstreamError):
 
 
 class ScoreParseError(UpstreamError):
+    """No declared answer in the model's reply. `output_text` (bounded) and `finish_reason` go
+    into the answer and the audit log, so users see what the model said."""
+
     code = "unparseable_score"
 
-    def __init__(self, message: str, *, output_text: str | None = None, **details: Any) -> None:
-        super().__init__(message, **details)
+    def __init__(self, message: str, *, output_text: str | None = None,
+                 finish_reason: str | None = None, **details: Any) -> None:
+        shown = None if output_text is None else output_text[:MAX_REPLY_CHARS]
+        super().__init__(message, output_text=shown, finish_reason=finish_reason, **details)
         self.output_text = output_text
+        self.finish_reason = finish_reason
 
 
-# Retry classification lives in retry.py; these are the transport-level failures worth a retry.
+# Transport-level failures worth another try (retry.py's policy).
 RETRYABLE_UPSTREAM = (UpstreamUnavailable, UpstreamTimeout, UpstreamProtocolError)
-
-
-class PromptTemplateError(ProxyError):
-    """A template file that cannot be loaded (bad YAML, undeclared variable): an operator error."""
-
-    status_code = 500
-    code = "prompt_template_invalid"

@@ -18,13 +18,20 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("vlm_proxy_requests_total", "Scoring requests by outcome",
-                                ["route", "backend", "outcome"], registry=r)
+        self.requests = Counter("vlm_proxy_requests_total",
+                                "HTTP requests by route, backend ('none' if unresolved) and outcome "
+                                "(ok or the error code)", ["route", "backend", "outcome"], registry=r)
+        self.episodes = Counter("vlm_proxy_episodes_total", "Episodes scored (batch items included) by "
+                                "outcome (ok or the error code)", ["backend", "outcome"], registry=r)
+        self.replies = Counter("vlm_proxy_replies_total", "Model replies by finish_reason "
+                               "('length' = cut at max_tokens)", ["backend", "finish_reason"], registry=r)
+        self.tokens = Counter("vlm_proxy_tokens_total", "Tokens vLLM reported (usage)",
+                              ["backend", "kind"], registry=r)
         self.upstream_calls = Counter("vlm_proxy_upstream_calls_total",
                                       "Calls to vllm serve by endpoint and result",
                                       ["backend", "endpoint", "result"], registry=r)
         self.parse_failures = Counter("vlm_proxy_parse_failures_total",
-                                      "Replies with no usable score", ["backend"], registry=r)
+                                      "Replies without the declared answer", ["backend"], registry=r)
         self.scores = Histogram("vlm_proxy_score", "Scores returned (0..1)", ["backend"],
                                 buckets=_SCORE_BUCKETS, registry=r)
         self.latency = Histogram("vlm_proxy_request_seconds", "Whole /score time", ["backend"],

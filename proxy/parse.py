@@ -1,149 +1,123 @@
-"""Score extraction: from a model's reply text to a number in [0, 1], or a ScoreParseError.
+"""From a model's reply to a score in [0, 1], by the answer the prompt template declares.
 
-Order of rules (first match wins), applied after removing <think>…</think> so that numbers in
-the reasoning never win:
-    answer_tag    <answer>85</answer>          score_tag  <score>0.7</score>
-    score_marker  [SCORE] 7/10, SCORE: 7       double_bracket  [[8]]
-    percent       85%                          fraction   7/10, 3 out of 4
-    bare_number   exactly one number in the text (several numbers are ambiguous: an error)
-    yes_no        score_mode binary only: the reply is a verdict, "Yes." / "No, it fell"
-                  (in a tag, a verdict counts in any mode: the model put it in the answer slot)
-Inside a tag the same number forms apply (85, 85%, 7/10, yes). Out-of-range values are errors,
-never clamped: a model that says 150% did not answer the question.
+A template declares its answer (prompts.py): the tag(s) it asks for (`<answer>`, `<score>`),
+whether an untagged answer is acceptable (a template that asks for "only the number"), and its
+scale (scales.py). After reasoning is removed — `<think>…</think>` blocks, everything up to an
+orphan `</think>` (a template that opens <think> itself), and an unclosed `<think>` to the end —
+exactly one declared answer holding one number within the scale is a score:
+
+    <answer>85</answer>, <answer> 85% </answer> (0–100 scales), <answer>7/10</answer> (0–10)
+    an untagged reply, when declared: the whole trimmed reply is that one number ("85", "85.")
+    a binary scale also takes a verdict: <answer>yes</answer>, "No."
+
+Everything else is a ScoreParseError (unparseable_score) carrying the reply: no tag, two tags,
+an unclosed or empty tag, words around the number, a number off the scale, and any reply cut
+at max_tokens (finish_reason "length"). A number found elsewhere in the text is never a score.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from proxy.errors import ScoreParseError
+from proxy.scales import Scale, scale_for_mode
 
-_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+__all__ = ["AnswerSpec", "ParsedScore", "parse_score", "strip_reasoning"]
+
+_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+# One number, optionally "%" or "/max", optionally one trailing full stop: nothing else.
+_NUMBER_FORM = re.compile(r"\A\s*" + _NUMBER + r"\s*(%|/\s*" + _NUMBER + r")?\s*\.?\s*\Z")
+_VERDICT_FORM = re.compile(r"\A\s*([A-Za-z]+)\s*[.!]?\s*\Z")
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
-_THINK_UNCLOSED = re.compile(r"<think>.*\Z", re.S | re.I)  # truncated reasoning: all of it goes
-# A template that opens <think> in the prompt: the reply starts inside the reasoning.
-_THINK_ORPHAN_CLOSE = re.compile(r"\A.*</think>", re.S | re.I)
-_TAGS = [
-    ("answer_tag", re.compile(r"<answer>(.*?)</answer>", re.S | re.I)),
-    ("score_tag", re.compile(r"<score>(.*?)</score>", re.S | re.I)),
-]
-_SCORE_MARKER = re.compile(
-    r"\[?\bSCORE\]?\s*[:=]?\s*(" + _NUMBER + r"(?:\s*(?:%|(?:/|out\s+of)\s*\d+(?:\.\d+)?))?)", re.I)
-_DOUBLE_BRACKET = re.compile(r"\[\[\s*(" + _NUMBER + r")\s*\]\]")
-_PERCENT = re.compile(r"(" + _NUMBER + r")\s*%")
-_FRACTION = re.compile(r"(" + _NUMBER + r")\s*(?:/|out of)\s*(\d+(?:\.\d+)?)", re.I)
-_ANY_NUMBER = re.compile(_NUMBER)
-# A verdict word counts only as the whole answer or its first word before punctuation:
-# "Yes." / "No, it fell" — never "no idea" or "not sure", which are not answers.
-_VERDICT = re.compile(
-    r"^\W*(yes|no|success|successful|succeeded|fail|failed|failure|unsuccessful|true|false)"
-    r"\s*(?:$|[.,;:!])", re.I)
-_POSITIVE = {"yes", "success", "successful", "succeeded", "true"}
+_THINK_ORPHAN_CLOSE = re.compile(r"\A.*</think>", re.S | re.I)  # greedy: up to the last one
+_THINK_UNCLOSED = re.compile(r"<think>.*\Z", re.S | re.I)
 
-MODES = ("auto", "percentage", "unit", "binary")
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """The answer a template asks for."""
+
+    tags: tuple[str, ...]  # e.g. ("answer",); () = an untagged answer only
+    untagged: bool  # the whole trimmed reply may be the answer (always True when tags == ())
+    scale: Scale
+
+    def describe(self) -> str:
+        where = " or ".join(f"<{t}>…</{t}>" for t in self.tags) or "the whole reply"
+        if self.tags and self.untagged:
+            where += " or the whole reply"
+        return f"one number on the {self.scale.name} scale in {where}"
 
 
 @dataclass(frozen=True)
 class ParsedScore:
     score: float  # normalised to [0, 1]
     raw_score: float  # as the model wrote it
-    source: str  # the rule that matched
-    mode: str
+    source: str  # "answer_tag", "score_tag", ... or "untagged"
+    scale: str  # the scale's name, e.g. "0-100"
+    mode: str  # the score_mode used
 
 
 def strip_reasoning(text: str) -> str:
-    return _THINK_UNCLOSED.sub("", _THINK_ORPHAN_CLOSE.sub("", _THINK_BLOCK.sub("", text)))
+    text = _THINK_BLOCK.sub("", text)
+    text = _THINK_ORPHAN_CLOSE.sub("", text)
+    return _THINK_UNCLOSED.sub("", text)
 
 
-def _normalise(raw: float, scale: float | None, mode: str, source: str) -> float:
-    """scale: 100 for x%, N for x/N, None for a plain number."""
-    if not math.isfinite(raw) or (scale is not None and not math.isfinite(scale)):
-        raise ScoreParseError(f"{source} holds a number past float range")
-    if scale is not None:
-        value = raw / scale
-    elif mode == "percentage":
-        value = raw / 100.0
-    elif mode in ("unit", "binary"):
-        value = raw
-    else:  # auto, plain number: 0..1 is a unit score, up to 100 a percentage
-        value = raw if 0.0 <= raw <= 1.0 else raw / 100.0
-    if not 0.0 <= value <= 1.0:
-        raise ScoreParseError(f"score {raw:g} ({source}) is out of range for score_mode {mode!r}")
-    if mode == "binary" and value not in (0.0, 1.0):
-        raise ScoreParseError(f"score {raw:g} is not 0/1 as score_mode 'binary' requires")
-    return value
+def _tag_pattern(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.S | re.I)
 
 
-def _number_form(fragment: str, mode: str, source: str) -> ParsedScore | None:
-    """A number written as 85, 85%, 7/10 or 3 out of 4 — exactly one of them."""
-    for pattern, kind in ((_PERCENT, "percent"), (_FRACTION, "fraction")):
-        match = pattern.search(fragment)
-        if match:
-            raw = float(match.group(1))
-            scale = 100.0 if kind == "percent" else float(match.group(2))
-            if scale == 0:
-                return None
-            return ParsedScore(_normalise(raw, scale, mode, source), raw, source, mode)
-    numbers = _ANY_NUMBER.findall(fragment)
-    if len(numbers) == 1:
-        raw = float(numbers[0])
-        return ParsedScore(_normalise(raw, None, mode, source), raw, source, mode)
-    if len(numbers) > 1:
-        raise ScoreParseError(f"{source} holds several numbers {numbers[:5]}; which is the score?")
-    return None
+def parse_score(text: str, spec: AnswerSpec, mode: str = "auto", *,
+                finish_reason: str | None = None) -> ParsedScore:
+    scale = scale_for_mode(mode, spec.scale)
 
+    def fail(reason: str) -> ScoreParseError:
+        return ScoreParseError(f"{reason}; the template asks for {spec.describe()}",
+                               output_text=text, finish_reason=finish_reason)
 
-def _yes_no(fragment: str, mode: str, source: str) -> ParsedScore | None:
-    match = _VERDICT.match(fragment.strip())
-    if match is None:
-        return None
-    value = 1.0 if match.group(1).lower() in _POSITIVE else 0.0
-    return ParsedScore(value, value, source, mode)
-
-
-def parse_score(text: str, mode: str = "auto", *, finish_reason: str | None = None) -> ParsedScore:
-    if mode not in MODES:
-        raise ValueError(f"unknown score_mode {mode!r}")
-    visible = strip_reasoning(text or "")
-    try:
-        parsed = _first_match(visible, mode)
-    except ScoreParseError as err:
-        raise ScoreParseError(err.message, output_text=text) from None
-    if parsed is not None:
-        return parsed
     if finish_reason == "length":
-        raise ScoreParseError("reply was cut at max_tokens (finish_reason=length) before any score",
-                              output_text=text)
-    raise ScoreParseError("no score found in the model's reply", output_text=text)
+        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+    visible = strip_reasoning(text or "")
+    found: list[tuple[str, str]] = []
+    for tag in spec.tags:
+        found += [(tag, inner) for inner in _tag_pattern(tag).findall(visible)]
+    if len(found) > 1:
+        raise fail(f"{len(found)} answer tags ({', '.join(f'<{t}>' for t, _ in found)}); which is the answer?")
+    if found:
+        tag, inner = found[0]
+        parsed = _read(inner, scale, f"{tag}_tag", mode)
+        if parsed is None:
+            raise fail(f"<{tag}> holds {inner.strip()[:60]!r}, not one number on the {scale.name} scale")
+        return parsed
+    unclosed = [t for t in spec.tags if re.search(rf"<{re.escape(t)}>", visible, re.I)]
+    if unclosed:
+        raise fail(f"<{unclosed[0]}> is never closed")
+    if not visible.strip():
+        raise fail("the reply holds reasoning and no answer after it" if (text or "").strip()
+                   else "the reply is empty")
+    if not spec.untagged:
+        raise fail("no answer tag in the reply")
+    parsed = _read(visible, scale, "untagged", mode)
+    if parsed is None:
+        raise fail(f"the reply is not one number on the {scale.name} scale")
+    return parsed
 
 
-def _first_match(visible: str, mode: str) -> ParsedScore | None:
-    for source, pattern in _TAGS:
-        match = pattern.search(visible)
-        if match:
-            inner = match.group(1)
-            found = _number_form(inner, mode, source) or _yes_no(inner, mode, source)
-            if found is None:
-                raise ScoreParseError(f"<{source.split('_')[0]}> holds no score: {inner.strip()[:80]!r}")
-            return found
-    match = _SCORE_MARKER.search(visible)
+def _read(fragment: str, scale: Scale, source: str, mode: str) -> ParsedScore | None:
+    """One number (or, binary, a verdict) making up the whole fragment, on the scale."""
+    match = _NUMBER_FORM.match(fragment)
     if match:
-        return _number_form(match.group(1), mode, "score_marker")
-    match = _DOUBLE_BRACKET.search(visible)
-    if match:
-        raw = float(match.group(1))
-        return ParsedScore(_normalise(raw, None, mode, "double_bracket"), raw, "double_bracket", mode)
-    for pattern, source in ((_PERCENT, "percent"), (_FRACTION, "fraction")):
-        if len(pattern.findall(visible)) == 1:
-            return _number_form(pattern.search(visible).group(0), mode, source)
-    numbers = _ANY_NUMBER.findall(visible)
-    if len(numbers) == 1:
-        raw = float(numbers[0])
-        return ParsedScore(_normalise(raw, None, mode, "bare_number"), raw, "bare_number", mode)
-    if len(numbers) > 1:
-        raise ScoreParseError(f"several numbers {numbers[:5]} and no tag; the score is ambiguous")
-    # An untagged verdict counts only when a verdict was asked for: otherwise "No, I cannot see
-    # the video" would become a confident 0.
-    return _yes_no(visible, mode, "yes_no") if mode == "binary" else None
+        raw, suffix, denominator = float(match.group(1)), match.group(2), match.group(3)
+        if suffix == "%" and scale.max != 100:
+            return None
+        if denominator is not None and float(denominator) != scale.max:
+            return None
+        score = scale.normalise(raw)
+        return None if score is None else ParsedScore(score, raw, source, scale.name, mode)
+    verdict = _VERDICT_FORM.match(fragment)
+    if verdict:
+        score = scale.verdict(verdict.group(1))
+        if score is not None:
+            return ParsedScore(score, score, source, scale.name, mode)
+    return None

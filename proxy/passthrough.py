@@ -3,32 +3,73 @@
 The body goes upstream untouched (the model name is rewritten only when an alias was used);
 vLLM's answer comes back as it was, streaming included. Retries (same policy as /score) happen
 only before the first byte reaches the client: once a stream has started it is relayed as is.
+A stream holds its endpoint slot until its last byte, and whatever ends it — the last byte, an
+error, or the client going away before or after the first byte — releases the slot and closes
+the upstream response (`RelayedStream`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from proxy.backends import Backend, BackendRegistry
-from proxy.errors import InvalidRequest, UpstreamError
+from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
 from proxy.observe import Metrics
+from proxy.pool import Reservation
 from proxy.retry import Attempt, call_with_retries
-from proxy.upstream import UpstreamClient
+from proxy.upstream import UpstreamClient, translate_status
 
 
 @dataclass
 class Relayed:
-    """An upstream answer to hand back: a whole body, or a stream the caller must drain/close."""
+    """An upstream answer to hand back: a whole body, or a stream the caller must send or close."""
 
+    backend: str
     status_code: int
     content: bytes | None
-    stream: AsyncIterator[bytes] | None
+    stream: RelayedStream | None
     media_type: str
     attempts: int
+
+
+class RelayedStream(StreamingResponse):
+    """A streamed upstream answer whose cleanup runs exactly once, however the relay ends —
+    also when the client disconnects before the body iterator was ever started (an async
+    generator that never ran would never reach its `finally`)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], cleanup: Callable[[bool], Awaitable[None]],
+                 **kwargs) -> None:
+        self._finished = False
+        self._cleanup, self._cleaned = cleanup, False
+
+        async def relay() -> AsyncIterator[bytes]:
+            async for chunk in chunks:
+                yield chunk
+            self._finished = True
+
+        super().__init__(relay(), **kwargs)
+
+    async def close(self) -> None:
+        if not self._cleaned:
+            self._cleaned = True
+            try:
+                with contextlib.suppress(RuntimeError):  # never started, or already closed
+                    await self.body_iterator.aclose()
+            finally:
+                await self._cleanup(self._finished)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.close()
 
 
 class ChatPassthrough:
@@ -45,11 +86,11 @@ class ChatPassthrough:
                              "root": backend.config.model, "backend": backend.name})
         return {"object": "list", "data": data}
 
-    async def relay(self, raw_body: bytes) -> Relayed:
+    async def relay(self, raw_body: bytes, *, budget_s: float | None = None) -> Relayed:
         try:
             request = json.loads(raw_body)
         except ValueError as err:
-            raise InvalidRequest("body is not JSON", field="body") from err
+            raise InvalidRequest("the request body is not valid JSON", field="body") from err
         if not isinstance(request, dict) or not isinstance(request.get("model"), str):
             raise InvalidRequest("body must be a JSON object with a string 'model'", field="model")
         backend = self.registry.resolve(request["model"], field="model")
@@ -58,56 +99,69 @@ class ChatPassthrough:
             request["model"] = backend.config.model
             raw_body = json.dumps(request, separators=(",", ":")).encode()
         if request.get("stream"):
-            return await self._relay_stream(backend, raw_body)
-        return await self._relay_whole(backend, raw_body)
+            return await self._relay_stream(backend, raw_body, budget_s)
+        return await self._relay_whole(backend, raw_body, budget_s)
 
-    async def _relay_whole(self, backend: Backend, body: bytes) -> Relayed:
-        cfg = backend.config
+    def _count_answer(self, backend: Backend, endpoint_url: str, status: int, response: httpx.Response) -> None:
+        """A 2xx is ok; a 4xx vLLM answered is relayed as is, but counted as what it is."""
+        if status >= 400:
+            err = translate_status(response, endpoint_url)
+            code = err.code if isinstance(err, UpstreamError) else UpstreamRejected.code
+            self.metrics.upstream_calls.labels(backend.name, endpoint_url, code).inc()
+        else:
+            self.metrics.upstream_calls.labels(backend.name, endpoint_url, "ok").inc()
 
+    async def _forward(self, backend: Backend, body: bytes, attempt: Attempt, *,
+                       stream: bool) -> tuple[Reservation, httpx.Response]:
+        """One upstream call on a reserved slot; the caller releases the reservation."""
+        pool = backend.pool
+        reservation = await pool.reserve(attempt.avoid)
+        attempt.sent = True
+        endpoint = reservation.endpoint
+        try:
+            response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,
+                                                   api_key=backend.config.api_key(), stream=stream)
+        except UpstreamError as err:
+            backend.note_failure(endpoint, err, self.metrics, attempt)
+            pool.release(reservation, ok=False)
+            raise
+        except BaseException:
+            pool.release(reservation, ok=False)
+            raise
+        self._count_answer(backend, endpoint.base_url, response.status_code, response)
+        return reservation, response
+
+    async def _relay_whole(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
         async def send(attempt: Attempt) -> httpx.Response:
-            return await backend.call(attempt.avoid, self.metrics, lambda endpoint: self.upstream.forward(
-                endpoint, body, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
+            reservation, response = await self._forward(backend, body, attempt, stream=False)
+            backend.pool.release(reservation, ok=True)
+            return response
 
-        response, _, calls = await call_with_retries(cfg.retry, send, lambda r: r)
-        self.metrics.requests.labels(route="chat", backend=backend.name, outcome=str(response.status_code)).inc()
-        return Relayed(response.status_code, response.content, None,
+        response, _, calls = await call_with_retries(backend.config.retry, send, lambda r: r, budget_s=budget_s)
+        return Relayed(backend.name, response.status_code, response.content, None,
                        response.headers.get("content-type", "application/json"), calls)
 
-    async def _relay_stream(self, backend: Backend, body: bytes) -> Relayed:
+    async def _relay_stream(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
         """Hold the endpoint slot until the last byte; retry only while nothing was sent."""
-        cfg, pool = backend.config, backend.pool
+        pool = backend.pool
 
-        async def send(attempt: Attempt):
-            reservation = await pool.reserve(attempt.avoid)
-            endpoint = reservation.endpoint
-            try:
-                response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,
-                                                       api_key=cfg.api_key(), stream=True)
-            except UpstreamError as err:
-                backend.note_failure(endpoint, err, self.metrics)
-                pool.release(reservation, ok=False)
-                raise
-            except BaseException:
-                pool.release(reservation, ok=False)
-                raise
-            return reservation, response
+        async def send(attempt: Attempt) -> tuple[Reservation, httpx.Response]:
+            return await self._forward(backend, body, attempt, stream=True)
 
-        (reservation, response), _, calls = await call_with_retries(cfg.retry, send, lambda r: r)
-        self.metrics.requests.labels(route="chat_stream", backend=backend.name,
-                                     outcome=str(response.status_code)).inc()
+        (reservation, response), _, calls = await call_with_retries(backend.config.retry, send, lambda r: r,
+                                                                    budget_s=budget_s)
+        media_type = response.headers.get("content-type", "text/event-stream")
         if response.status_code != 200:  # forward() already read and closed it
             pool.release(reservation, ok=True)
-            return Relayed(response.status_code, response.content, None,
+            return Relayed(backend.name, response.status_code, response.content, None,
                            response.headers.get("content-type", "application/json"), calls)
 
-        async def chunks() -> AsyncIterator[bytes]:
-            finished = False
+        async def cleanup(finished: bool) -> None:
             try:
-                async for chunk in response.aiter_raw():
-                    yield chunk
-                finished = True
-            finally:
                 await response.aclose()
+            finally:
                 pool.release(reservation, ok=finished)
 
-        return Relayed(200, None, chunks(), response.headers.get("content-type", "text/event-stream"), calls)
+        stream = RelayedStream(response.aiter_raw(), cleanup, media_type=media_type,
+                               headers={"x-upstream-attempts": str(calls)})
+        return Relayed(backend.name, 200, None, stream, media_type, calls)

@@ -3,10 +3,12 @@
 - `acquire` hands out the usable endpoint with the fewest requests in flight (ties round-robin),
   below its in-flight cap, preferring ones this request has not failed on yet. When all are at
   their cap the caller waits in a bounded queue; a full queue is `Overloaded` (429) at once.
-- An endpoint's circuit opens after `failures` consecutive transport/5xx failures: it gets no
-  traffic until `cooldown_s` passes (then one trial request) or a background health probe
-  finds it ready. Success closes it. 429 is back-pressure, not breakage: it does not count.
-- No usable endpoint at all (every circuit open) fails fast with UpstreamUnavailable.
+- An endpoint's circuit opens after `failures` consecutive failures — transport/5xx failures of
+  requests and failed health probes alike: it gets no traffic until `cooldown_s` passes (then
+  one trial request) or a probe finds it ready. Success closes it. 429 is back-pressure, not
+  breakage: it does not count. The endpoint remembers why it opened (`last_failure`).
+- No usable endpoint at all (every circuit open) fails fast with UpstreamUnavailable, marked
+  retryable (no upstream call was made) with a Retry-After of the earliest cool-down's end.
 """
 
 from __future__ import annotations
@@ -32,12 +34,7 @@ class Endpoint:
     consecutive_failures: int = 0
     open_until: float = 0.0  # monotonic; 0 = circuit closed
     trial_in_flight: bool = False
-    last_check: dict | None = None
-
-    @property
-    def server_root(self) -> str:
-        """Where /health lives: vLLM serves it beside /v1, not under it."""
-        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+    last_failure: str | None = None  # why the last request or probe failed, for messages
 
     @property
     def circuit_open(self) -> bool:
@@ -148,10 +145,12 @@ class EndpointPool:
             front = woken.done() and not woken.cancelled()  # woken but beaten to it: keep its place
 
     def _all_down(self) -> UpstreamUnavailable:
+        now = time.monotonic()
+        reopens = max(0.0, min(e.open_until for e in self.endpoints) - now)
+        causes = "; ".join(f"{e.base_url}: {e.last_failure or 'unknown'}" for e in self.endpoints)
         return UpstreamUnavailable(
-            f"every endpoint of this backend is out of rotation (circuit open after "
-            f"{self.circuit.failures} consecutive failures): "
-            + ", ".join(e.base_url for e in self.endpoints))
+            f"every endpoint of this backend is out of rotation ({causes}); the first may be tried "
+            f"again in {reopens:.1f}s", retryable=True, retry_after_s=max(1.0, reopens))
 
     def release(self, reservation: Reservation, ok: bool) -> None:
         endpoint = reservation.endpoint
@@ -174,25 +173,25 @@ class EndpointPool:
         endpoint.consecutive_failures = 0
         endpoint.open_until = 0.0
 
-    def record_failure(self, endpoint: Endpoint, *, counts_for_circuit: bool = True) -> None:
+    def record_failure(self, endpoint: Endpoint, *, cause: str, counts_for_circuit: bool = True) -> None:
         endpoint.failures += 1
         if not counts_for_circuit:
             return
+        self._count_towards_circuit(endpoint, cause)
+
+    def record_probe(self, endpoint: Endpoint, ready: bool, reason: str | None) -> None:
+        """A readiness probe: ready closes the circuit; a failed one counts like a failed request
+        (an endpoint that merely hiccups once stays in rotation)."""
+        if ready:
+            reopened = endpoint.circuit_open
+            self.record_success(endpoint)
+            if reopened:
+                self._notify()
+        else:
+            self._count_towards_circuit(endpoint, f"health probe: {reason}")
+
+    def _count_towards_circuit(self, endpoint: Endpoint, cause: str) -> None:
         endpoint.consecutive_failures += 1
+        endpoint.last_failure = f"{cause} ({endpoint.consecutive_failures} in a row)"
         if endpoint.circuit_open or endpoint.consecutive_failures >= self.circuit.failures:
             endpoint.open_until = time.monotonic() + self.circuit.cooldown_s
-
-    def record_probe(self, endpoint: Endpoint, result: dict) -> None:
-        """A background readiness probe: ready closes the circuit, not ready opens it."""
-        endpoint.last_check = result
-        if result.get("ready"):
-            if endpoint.circuit_open:
-                self.record_success(endpoint)
-                self._notify()
-        elif not endpoint.circuit_open:
-            endpoint.open_until = time.monotonic() + self.circuit.cooldown_s
-
-    def snapshot(self) -> dict:
-        return {"waiting": self.waiting,
-                "endpoints": [{"url": e.base_url, "in_flight": e.in_flight, "requests": e.requests,
-                               "failures": e.failures, "circuit": e.state()} for e in self.endpoints]}

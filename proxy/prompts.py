@@ -8,8 +8,13 @@ A template is `prompts/<name>.yaml`:
       hint: {default: "", description: optional extra}     # optional
     system: "..."                   # optional; ${var} placeholders allowed
     user: "... ${task_text} ..."
+    answer:                         # required: what counts as the model's answer (parse.py)
+      tags: [answer]                # the reply must hold exactly one; [] = untagged only
+      untagged: false               # also accept a reply that is just the number
+      scale: {min: 0, max: 100}     # or `binary`; `zero: 1` makes a 1-5 scale start at 0
 
-`${name}` placeholders (string.Template) keep literal braces in prompts free to use. A file is
+`${name}` placeholders (string.Template) keep literal braces in prompts free to use. Rendered
+text has no leading or trailing whitespace (YAML block scalars end in a newline). A file is
 re-read when its mtime or size changes, so an edit applies to the next request.
 """
 
@@ -25,6 +30,9 @@ from typing import Any
 import yaml
 
 from proxy.errors import PromptTemplateError, TemplateVariableError
+from proxy.parse import AnswerSpec
+from proxy.scales import BINARY, Scale
+from vlm_protocol import strict_yaml
 
 _REQUIRED = object()
 
@@ -37,6 +45,7 @@ class PromptTemplate:
     system: str | None
     user: str
     variables: dict[str, Any]  # name -> default, or _REQUIRED
+    answer: AnswerSpec
 
     @property
     def variable_names(self) -> set[str]:
@@ -54,18 +63,18 @@ class PromptTemplate:
                     field=f"backend_kwargs.{name}")
             else:
                 merged[name] = str(default)
-        system = Template(self.system).substitute(merged) if self.system else None
-        return system, Template(self.user).substitute(merged)
+        system = Template(self.system).substitute(merged).strip() if self.system else None
+        return system or None, Template(self.user).substitute(merged).strip()
 
 
 def parse_template(name: str, raw: bytes) -> PromptTemplate:
     try:
-        doc = yaml.safe_load(raw)
+        doc = strict_yaml.load(raw)
     except yaml.YAMLError as err:
         raise PromptTemplateError(f"prompt {name!r} is not valid YAML: {err}") from err
     if not isinstance(doc, dict):
         raise PromptTemplateError(f"prompt {name!r} must be a mapping with at least 'user'")
-    unknown = set(doc) - {"description", "variables", "system", "user"}
+    unknown = set(doc) - {"description", "variables", "system", "user", "answer"}
     if unknown:
         raise PromptTemplateError(f"prompt {name!r} has unknown keys: {sorted(unknown)}")
     user, system = doc.get("user"), doc.get("system")
@@ -95,8 +104,37 @@ def parse_template(name: str, raw: bytes) -> PromptTemplate:
                 f"prompt {name!r}: {part_name} uses undeclared variable(s) {sorted(undeclared)}")
     return PromptTemplate(
         name=name, sha256=hashlib.sha256(raw).hexdigest(), description=str(doc.get("description", "")),
-        system=system, user=user, variables=variables,
+        system=system, user=user, variables=variables, answer=parse_answer_spec(name, doc.get("answer")),
     )
+
+
+def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
+    """The template's `answer` block. Required: a reply is a score only if it holds the answer
+    the template asked for, so the template must say what that is."""
+    where = f"prompt {name!r}: answer"
+    if not isinstance(declared, dict):
+        raise PromptTemplateError(f"{where} must be declared: a mapping with tags, untagged and scale "
+                                  "(e.g. answer: {tags: [answer], scale: {min: 0, max: 100}})")
+    unknown = set(declared) - {"tags", "untagged", "scale"}
+    if unknown:
+        raise PromptTemplateError(f"{where} has unknown keys: {sorted(unknown)}")
+    tags = declared.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t.isidentifier() for t in tags):
+        raise PromptTemplateError(f"{where}.tags must be a list of tag names, e.g. [answer]")
+    untagged = declared.get("untagged", False)
+    if not isinstance(untagged, bool):
+        raise PromptTemplateError(f"{where}.untagged must be true or false")
+    raw_scale = declared.get("scale")
+    if raw_scale == "binary":
+        scale = BINARY
+    elif isinstance(raw_scale, dict) and set(raw_scale) <= {"min", "max", "zero"} and {"min", "max"} <= set(raw_scale):
+        try:
+            scale = Scale(float(raw_scale["min"]), float(raw_scale["max"]), float(raw_scale.get("zero", 0)))
+        except (TypeError, ValueError) as err:
+            raise PromptTemplateError(f"{where}.scale: {err}") from err
+    else:
+        raise PromptTemplateError(f"{where}.scale must be `binary` or {{min, max[, zero]}}, got {raw_scale!r}")
+    return AnswerSpec(tags=tuple(tags), untagged=untagged or not tags, scale=scale)
 
 
 class PromptStore:

@@ -4,9 +4,12 @@ Two budgets, one deadline:
 - transport: connection errors, timeouts, 429/5xx and malformed replies are retried up to
   `attempts` times with jittered exponential backoff (at least the server's Retry-After), each
   retry on a different endpoint when the backend has one;
-- parse: a reply without a score is asked again up to `parse_attempts` times (optionally at
-  `parse_retry_temperature`), each ask with its own transport budget;
-- everything stops at `deadline_s` after the request began.
+- parse: a reply without the declared answer is asked again up to `parse_attempts` times in
+  all; each re-ask samples differently (`retry.reask`: temperature > 0, seed + ask number), so
+  it can change the answer; each ask has its own transport budget;
+- everything stops at the deadline: `deadline_s` after the request began, or earlier when the
+  caller said how long it will wait (its budget, minus a margin to deliver the answer).
+Worst case per request: attempts x parse_attempts upstream calls (4 x 2 = 8 by default).
 A 4xx other than 429 (our request is wrong, e.g. mm kwargs refused) is never retried.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
@@ -27,10 +30,15 @@ from proxy.errors import (
     ScoreParseError,
     UpstreamError,
     UpstreamTimeout,
+    UpstreamUnavailable,
 )
 
 T = TypeVar("T")
 P = TypeVar("P")
+
+# Time kept back from a caller's budget to get the answer to it before it gives up.
+BUDGET_MARGIN_S = 1.0
+BUDGET_MARGIN_FRACTION = 0.1
 
 
 @dataclass
@@ -40,18 +48,26 @@ class Attempt:
     number: int  # 1-based over the whole request
     parse_round: int  # 0 for the first ask, 1.. for re-asks after an unparseable reply
     timeout_s: float  # min(per-call timeout, time left before the deadline)
-    avoid: set[str]  # endpoints that already failed this request
+    avoid: set[str] = field(default_factory=set)  # endpoints that already failed this request
+    sent: bool = False  # set once an endpoint was reserved: this attempt is an upstream call
 
 
-class _Deadline:
-    def __init__(self, seconds: float) -> None:
+class Deadline:
+    """When a request must be finished by, and why (for the timeout message)."""
+
+    def __init__(self, cfg: RetryConfig, budget_s: float | None = None) -> None:
+        seconds, self.why = cfg.deadline_s, f"the deadline of {cfg.deadline_s:g}s (retry.deadline_s)"
+        if budget_s is not None:
+            usable = max(0.0, budget_s - min(BUDGET_MARGIN_S, budget_s * BUDGET_MARGIN_FRACTION))
+            if usable < seconds:
+                seconds, self.why = usable, f"the caller's budget of {budget_s:g}s"
         self.ends = time.monotonic() + seconds
 
     def left(self) -> float:
         return self.ends - time.monotonic()
 
 
-def _wait_strategy(cfg: RetryConfig, deadline: _Deadline):
+def _wait_strategy(cfg: RetryConfig, deadline: Deadline):
     jittered = wait_random_exponential(multiplier=cfg.backoff_s[0], max=cfg.backoff_s[1])
 
     def wait(state: RetryCallState) -> float:
@@ -66,7 +82,7 @@ def _wait_strategy(cfg: RetryConfig, deadline: _Deadline):
     return wait
 
 
-def _stop_strategy(cfg: RetryConfig, deadline: _Deadline):
+def _stop_strategy(cfg: RetryConfig, deadline: Deadline):
     by_count = stop_after_attempt(cfg.attempts)
 
     def stop(state: RetryCallState) -> bool:
@@ -79,12 +95,17 @@ async def call_with_retries(
     cfg: RetryConfig,
     send: Callable[[Attempt], Awaitable[T]],
     parse: Callable[[T], P],
+    *,
+    budget_s: float | None = None,
+    on_reply: Callable[[T], None] | None = None,
 ) -> tuple[T, P, int]:
     """Run send → parse under the policy. Returns (reply, parsed, upstream calls made).
 
-    Raises the last ProxyError with `attempts` set when a budget or the deadline runs out.
+    `on_reply` sees every reply that came back (parsed or not), e.g. to keep the last one for
+    the audit log. Raises the last ProxyError with `attempts` set when a budget or the
+    deadline runs out.
     """
-    deadline = _Deadline(cfg.deadline_s)
+    deadline = Deadline(cfg, budget_s)
     calls = 0
     avoid: set[str] = set()
     last_parse_error: ScoreParseError | None = None
@@ -100,14 +121,18 @@ async def call_with_retries(
                 with attempt:
                     left = deadline.left()
                     if left <= 0:
-                        raise UpstreamTimeout(f"deadline of {cfg.deadline_s:g}s reached")
-                    calls += 1
+                        raise UpstreamTimeout(f"{deadline.why} ran out before vLLM answered")
+                    current = Attempt(calls + 1, parse_round, min(cfg.timeout_s, left), avoid)
                     try:
-                        reply = await send(Attempt(calls, parse_round, min(cfg.timeout_s, left), avoid))
+                        reply = await send(current)
                     except UpstreamError as err:
                         if err.endpoint:
                             avoid.add(err.endpoint)
                         raise
+                    finally:
+                        calls += current.sent
+            if on_reply is not None:
+                on_reply(reply)
             try:
                 return reply, parse(reply), calls
             except ScoreParseError as err:
@@ -115,9 +140,11 @@ async def call_with_retries(
                 if deadline.left() <= 0:
                     break
         assert last_parse_error is not None
-        last_parse_error.message = (f"{last_parse_error.message} (after {cfg.parse_attempts} "
-                                    f"ask{'s' if cfg.parse_attempts > 1 else ''})")
+        asks = parse_round + 1
+        last_parse_error.message = f"{last_parse_error.message} (after {asks} ask{'s' if asks > 1 else ''})"
         raise last_parse_error
     except ProxyError as err:
         err.attempts = calls
+        if calls == 0 and isinstance(err, UpstreamUnavailable):
+            err.retryable = True  # nothing reached vLLM: the caller may safely ask again
         raise

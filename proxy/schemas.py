@@ -39,7 +39,8 @@ class ScoreRequest(BaseModel):
 
 class ParseInfo(BaseModel):
     mode: str  # the score_mode used
-    source: str  # which rule matched: answer_tag, score_tag, bracket_score, ...
+    scale: str  # the scale the answer was read on, e.g. "0-100"
+    source: str  # where the answer was: answer_tag, score_tag, ... or untagged
     finish_reason: str | None = None
 
 
@@ -65,9 +66,11 @@ class ScoreResponse(BaseModel):
     output_text: str
     parse: ParseInfo
     attempts: int  # upstream calls made, retries included
+    asks: int  # 1, or more when an unparseable reply was asked again
     prompt: PromptInfo
     frames: FramesInfo
-    sampling: dict[str, Any]
+    sampling: dict[str, Any]  # what the scored reply was sampled with (a re-ask differs)
+    usage: dict[str, Any] | None = None  # vLLM's token usage of the scored reply
     endpoint: str
     timings_ms: dict[str, float]  # load, encode, upstream, total
 
@@ -81,7 +84,16 @@ class BatchScoreRequest(BaseModel):
 
 
 def validation_error(errors: list[Any]) -> InvalidRequest:
-    """A pydantic error list as our 422, naming the first bad field (body prefix dropped)."""
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    """A pydantic error list as our 422, naming the first bad field in plain words."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error")
+        return InvalidRequest("the request body is not valid JSON" + (f" ({detail})" if detail else ""),
+                              field="body")
+    if loc == ("body",):
+        missing = first.get("type") == "missing"
+        return InvalidRequest("the request needs a JSON object body" if missing
+                              else f"the request body is not a JSON object: {first['msg']}", field="body")
+    field = ".".join(str(p) for p in loc if p != "body") or None
     return InvalidRequest(f"{field}: {first['msg']}" if field else str(first["msg"]), field=field)

@@ -1,6 +1,8 @@
 """The /score pipeline: media → prompt → layout → upstream (under the retry policy) → parse.
 
-No FastAPI here: the routes in api.py are thin wrappers around `Scorer.score`.
+No FastAPI here: the routes are thin wrappers around `Scorer.score`. Every episode, scored or
+failed, leaves one audit line with what is needed to reproduce it (prompt hash, frame hashes,
+sampling, attempts, the model's last reply) — never media.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,14 @@ from pydantic import ValidationError
 
 from proxy.backends import Backend, BackendRegistry
 from proxy.config import BackendConfig, SamplingConfig, Settings
-from proxy.errors import InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
+from proxy.errors import MAX_REPLY_CHARS, InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
 from proxy.layouts import build_chat_body, estimate_prompt_tokens
 from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
 from proxy.observe import AuditLog, Metrics
-from proxy.parse import MODES, ParsedScore, parse_score
-from proxy.prompts import PromptStore
+from proxy.parse import ParsedScore, parse_score
+from proxy.prompts import PromptStore, PromptTemplate
 from proxy.retry import Attempt, call_with_retries
+from proxy.scales import SCORE_MODES
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse, validation_error
 from proxy.upstream import ChatReply, UpstreamClient
 
@@ -41,6 +44,40 @@ class _Resolved:
     limits: FrameLimits
 
 
+@dataclass
+class _Trace:
+    """What one episode went through so far: the audit line of a success and of a failure."""
+
+    backend: str
+    task_text: str
+    prompt: PromptInfo | None = None
+    frames: FramesInfo | None = None
+    sampling: dict[str, Any] | None = None  # of the last ask sent
+    asks: int = 0
+    last_reply: ChatReply | None = None
+    usage_all_calls: dict[str, int] = field(default_factory=dict)
+
+    def saw(self, reply: ChatReply) -> None:
+        self.last_reply = reply
+        for key, value in (reply.usage or {}).items():
+            if isinstance(value, int):
+                self.usage_all_calls[key] = self.usage_all_calls.get(key, 0) + value
+
+    def record(self) -> dict[str, Any]:
+        reply = self.last_reply
+        return {
+            "backend": self.backend, "task_text": self.task_text,
+            "prompt": self.prompt.model_dump() if self.prompt else None,
+            "frames": ({"indices": self.frames.indices, "size": self.frames.size, "sha256": self.frames.sha256}
+                       if self.frames else None),
+            "sampling": self.sampling, "asks": self.asks,
+            "output_text": reply.text[:MAX_REPLY_CHARS] if reply else None,
+            "finish_reason": reply.finish_reason if reply else None,
+            "endpoint": reply.endpoint if reply else None,
+            "usage": reply.usage if reply else None, "usage_all_calls": self.usage_all_calls or None,
+        }
+
+
 class Scorer:
     def __init__(self, settings: Settings, registry: BackendRegistry, prompts: PromptStore,
                  upstream: UpstreamClient, metrics: Metrics, audit: AuditLog) -> None:
@@ -51,88 +88,105 @@ class Scorer:
         self.metrics = metrics
         self.audit = audit
 
-    async def score(self, request: ScoreRequest, *, admit: bool = True) -> ScoreResponse:
+    async def score(self, request: ScoreRequest, *, admit: bool = True,
+                    budget_s: float | None = None) -> ScoreResponse:
         """Score one episode. `admit=False` skips the queue-full check (batch items were
-        admitted as a whole); they still wait for endpoint slots like everyone else."""
+        admitted as a whole); they still wait for endpoint slots like everyone else.
+        `budget_s`: how long the caller will wait (its deadline caps the retry policy's)."""
         started = time.perf_counter()
-        backend = self.registry.resolve(request.backend)
-        labels = {"backend": backend.name}
-        self.metrics.in_flight.labels(**labels).inc()
+        try:
+            backend = self.registry.resolve(request.backend)
+        except ProxyError as err:
+            self.metrics.episodes.labels("none", err.code).inc()
+            raise
+        trace = _Trace(backend=backend.name, task_text=request.task_text)
+        self.metrics.in_flight.labels(backend.name).inc()
         try:
             if admit:
                 backend.pool.check_admission()
-            response = await self._score(request, backend, started)
+            response = await self._score(request, backend, started, budget_s, trace)
         except ProxyError as err:
-            self.metrics.requests.labels(route="score", outcome=err.code, **labels).inc()
-            self.audit.write({"backend": backend.name, "task_text": request.task_text,
-                              "error": err.code, "message": err.message, "attempts": err.attempts})
+            err.backend = backend.name  # the true label for the HTTP request counter
+            self.metrics.episodes.labels(backend.name, err.code).inc()
+            self.audit.write({**trace.record(), "error": {"code": err.code, "message": err.message},
+                              "attempts": err.attempts})
             raise
         finally:
-            self.metrics.in_flight.labels(**labels).dec()
-        self.metrics.requests.labels(route="score", outcome="ok", **labels).inc()
-        self.metrics.scores.labels(**labels).observe(response.score)
-        self.metrics.latency.labels(**labels).observe(response.timings_ms["total"] / 1e3)
-        self.audit.write(_audit_record(request, response))
+            self.metrics.in_flight.labels(backend.name).dec()
+        self.metrics.episodes.labels(backend.name, "ok").inc()
+        self.metrics.scores.labels(backend.name).observe(response.score)
+        self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
+        self.audit.write({**trace.record(), "model": response.model, "score": response.score,
+                          "raw_score": response.raw_score, "parse": response.parse.model_dump(),
+                          "attempts": response.attempts, "timings_ms": response.timings_ms})
         return response
 
-    async def _score(self, request: ScoreRequest, backend: Backend, started: float) -> ScoreResponse:
+    async def _score(self, request: ScoreRequest, backend: Backend, started: float,
+                     budget_s: float | None, trace: _Trace) -> ScoreResponse:
         cfg = backend.config
         template = self.prompts.get(cfg.prompt)
-        resolved = self._resolve(request, cfg, template.variable_names)
+        trace.prompt = PromptInfo(name=template.name, sha256=template.sha256)
+        resolved = self._resolve(request, cfg, template)
         system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
 
         frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
+        trace.frames = FramesInfo(count=len(frames.jpegs), indices=frames.indices,
+                                  source_count=frames.source_count, size=(frames.width, frames.height),
+                                  sampled_fps=round(frames.sampled_fps, 6), sha256=frames.sha256)
         self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)
         self.metrics.stage.labels(stage="encode").observe(frames.encode_ms / 1e3)
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
         body = build_chat_body(cfg, resolved.sampling, system, user_text, frames)
-        body_bytes = json.dumps(body, separators=(",", ":")).encode()
+        first_ask = json.dumps(body, separators=(",", ":")).encode()
         upstream_started = time.perf_counter()
 
-        sent_sampling = {k: v for k, v in body.items() if k in SAMPLING_FIELDS}
-
         async def send(attempt: Attempt) -> ChatReply:
-            payload = body_bytes
-            if attempt.parse_round > 0 and cfg.retry.parse_retry_temperature is not None:
-                payload = json.dumps({**body, "temperature": cfg.retry.parse_retry_temperature},
-                                     separators=(",", ":")).encode()
-                sent_sampling["temperature"] = cfg.retry.parse_retry_temperature  # what the reply had
-            return await backend.call(attempt.avoid, self.metrics, lambda endpoint: self.upstream.chat(
+            sampling = _sampling_for_ask(cfg, resolved.sampling, attempt.parse_round)
+            payload = first_ask if attempt.parse_round == 0 else json.dumps(
+                {**body, **sampling}, separators=(",", ":")).encode()
+            trace.sampling, trace.asks = sampling, attempt.parse_round + 1
+            return await backend.call(attempt, self.metrics, lambda endpoint: self.upstream.chat(
                 endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
+
+        def seen(reply: ChatReply) -> None:
+            trace.saw(reply)
+            self.metrics.replies.labels(backend.name, reply.finish_reason or "unknown").inc()
+            for kind in ("prompt_tokens", "completion_tokens"):
+                if isinstance((reply.usage or {}).get(kind), int):
+                    self.metrics.tokens.labels(backend.name, kind).inc(reply.usage[kind])
 
         def parse(reply: ChatReply) -> ParsedScore:
             try:
-                return parse_score(reply.text, resolved.score_mode, finish_reason=reply.finish_reason)
+                return parse_score(reply.text, template.answer, resolved.score_mode,
+                                   finish_reason=reply.finish_reason)
             except ScoreParseError:
                 self.metrics.parse_failures.labels(backend.name).inc()
                 raise
 
-        reply, parsed, calls = await call_with_retries(cfg.retry, send, parse)
+        reply, parsed, calls = await call_with_retries(cfg.retry, send, parse, budget_s=budget_s,
+                                                       on_reply=seen)
         finished = time.perf_counter()
         self.metrics.stage.labels(stage="upstream").observe(finished - upstream_started)
         return ScoreResponse(
             score=parsed.score, raw_score=parsed.raw_score, backend=backend.name,
             model=reply.model or cfg.model, output_text=reply.text,
-            parse=ParseInfo(mode=parsed.mode, source=parsed.source, finish_reason=reply.finish_reason),
-            attempts=calls, prompt=PromptInfo(name=template.name, sha256=template.sha256),
-            frames=FramesInfo(count=len(frames.jpegs), indices=frames.indices,
-                              source_count=frames.source_count, size=(frames.width, frames.height),
-                              sampled_fps=round(frames.sampled_fps, 6), sha256=frames.sha256),
-            sampling=sent_sampling,
-            endpoint=reply.endpoint,
+            parse=ParseInfo(mode=parsed.mode, scale=parsed.scale, source=parsed.source,
+                            finish_reason=reply.finish_reason),
+            attempts=calls, asks=trace.asks, prompt=trace.prompt, frames=trace.frames,
+            sampling=trace.sampling or {}, usage=reply.usage, endpoint=reply.endpoint,
             timings_ms={"load": round(frames.load_ms, 3), "encode": round(frames.encode_ms, 3),
                         "upstream": round((finished - upstream_started) * 1e3, 3),
                         "total": round((finished - started) * 1e3, 3)},
         )
 
-    async def score_batch(self, items: list[Any]) -> list[dict[str, Any]]:
+    async def score_batch(self, items: list[Any], *, budget_s: float | None = None) -> list[dict[str, Any]]:
         """Every item scored concurrently; each gets its own result or its own error, in order."""
 
         async def one(index: int, item: Any) -> dict[str, Any]:
             try:
                 request = ScoreRequest.model_validate(item)
-                result = await self.score(request, admit=False)
+                result = await self.score(request, admit=False, budget_s=budget_s)
             except ValidationError as err:
                 failure: ProxyError = validation_error(err.errors())
             except ProxyError as err:
@@ -146,7 +200,7 @@ class Scorer:
 
         return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
 
-    def _resolve(self, request: ScoreRequest, cfg: BackendConfig, template_vars: set[str]) -> _Resolved:
+    def _resolve(self, request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate) -> _Resolved:
         proxy = self.settings.proxy
         nframes = request.nframes or cfg.frames.nframes
         if nframes > proxy.max_nframes:
@@ -161,13 +215,14 @@ class Scorer:
         if not cfg.frames.min_pixels <= max_pixels <= proxy.max_pixels_limit:
             raise InvalidRequest(f"max_pixels must be within [{cfg.frames.min_pixels}, "
                                  f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
+        template_vars = template.variable_names
         overrides, variables, score_mode = {}, {}, cfg.score_mode
         for key, value in request.backend_kwargs.items():
             if key in SAMPLING_FIELDS:
                 overrides[key] = value
             elif key == "score_mode":
-                if value not in MODES:
-                    raise InvalidRequest(f"score_mode must be one of {', '.join(MODES)}",
+                if value not in SCORE_MODES:
+                    raise InvalidRequest(f"score_mode must be one of {', '.join(SCORE_MODES)}",
                                          field="backend_kwargs.score_mode")
                 score_mode = value
             elif key in template_vars and key != "task_text":
@@ -205,6 +260,21 @@ class Scorer:
                 f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
 
 
+def _sampling_for_ask(cfg: BackendConfig, sampling: SamplingConfig, parse_round: int) -> dict[str, Any]:
+    """The sampling fields of ask `parse_round` (0 = the first ask). A re-ask samples (so greedy
+    decoding cannot repeat the unparseable reply) with the next seed."""
+    fields = sampling.model_dump(exclude_none=True)
+    if parse_round == 0:
+        return fields
+    reask = cfg.retry.reask
+    fields["temperature"] = reask.temperature
+    if reask.top_p is not None:
+        fields["top_p"] = reask.top_p
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed + parse_round
+    return fields
+
+
 def _override_sampling(cfg: BackendConfig, overrides: dict[str, Any]) -> SamplingConfig:
     if not overrides:
         return cfg.sampling
@@ -218,17 +288,4 @@ def _override_sampling(cfg: BackendConfig, overrides: dict[str, Any]) -> Samplin
         raise InvalidRequest(f"backend_kwargs.max_tokens is over the cap of {cfg.max_tokens_limit}",
                              field="backend_kwargs.max_tokens")
     return sampling
-
-
-def _audit_record(request: ScoreRequest, response: ScoreResponse) -> dict[str, Any]:
-    """Everything needed to reproduce a reward, and no media (hashes stand in for frames)."""
-    return {
-        "backend": response.backend, "model": response.model, "task_text": request.task_text,
-        "score": response.score, "raw_score": response.raw_score, "parse": response.parse.model_dump(),
-        "attempts": response.attempts, "prompt": response.prompt.model_dump(),
-        "frames": {"indices": response.frames.indices, "size": response.frames.size,
-                   "sha256": response.frames.sha256},
-        "sampling": response.sampling, "endpoint": response.endpoint, "output_text": response.output_text,
-        "timings_ms": response.timings_ms,
-    }
 

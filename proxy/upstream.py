@@ -6,10 +6,7 @@ is pool.py's business; this module makes the call and turns every failure into a
 
 from __future__ import annotations
 
-import email.utils
 import json
-import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +20,9 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.pool import Endpoint
+from vlm_protocol.wire import parse_retry_after
 
 _MM_KWARGS_PARAMS = ("media_io_kwargs", "mm_processor_kwargs")
-MAX_RETRY_AFTER_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -35,23 +32,6 @@ class ChatReply:
     model: str | None
     usage: dict[str, Any] | None
     endpoint: str
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None if absent/bad."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = None
-    if seconds is not None:  # "inf", "nan" or a year are not a wait worth honouring
-        return min(max(0.0, seconds), MAX_RETRY_AFTER_S) if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return min(max(0.0, when.timestamp() - time.time()), MAX_RETRY_AFTER_S)
 
 
 def _error_info(response: httpx.Response) -> tuple[str, str | None]:
@@ -154,22 +134,6 @@ class UpstreamClient:
         if status == 429 or status >= 500:
             raise translate_status(response, endpoint.base_url)
         return response
-
-    async def check(self, endpoint: Endpoint, model: str, timeout_s: float) -> dict[str, Any]:
-        """Readiness as vLLM shows it: /health is 200 and /v1/models lists the model."""
-        try:
-            health = await self.http.get(endpoint.server_root + "/health", timeout=timeout_s)
-            if health.status_code != 200:
-                return {"ready": False, "reason": f"/health answered {health.status_code}"}
-            models = await self.http.get(endpoint.base_url + "/models", timeout=timeout_s)
-            served = [m.get("id") for m in models.json().get("data", [])]
-        except httpx.HTTPError as err:
-            return {"ready": False, "reason": f"{type(err).__name__}: {err}" if str(err) else type(err).__name__}
-        except (ValueError, AttributeError):
-            return {"ready": False, "reason": "/v1/models did not answer a model list"}
-        if model not in served:
-            return {"ready": False, "reason": f"model {model!r} not served (serves {served})"}
-        return {"ready": True}
 
 
 def _read_completion(response: httpx.Response, endpoint: str) -> ChatReply:

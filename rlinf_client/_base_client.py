@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from rlinf_client._exceptions import (
 )
 from rlinf_client._frames import encode_npy_b64, prepare_frames, write_temp_mp4
 from rlinf_client._types import ClientStats, Episode
+from vlm_protocol.wire import BUDGET_HEADER, REQUEST_ID_HEADER, parse_retry_after
 
 
 @dataclass
@@ -116,41 +116,16 @@ def response_json(response: httpx.Response) -> Any:
         return response.text[:2000]
 
 
-def parse_retry_after(headers: httpx.Headers) -> float | None:
-    """Seconds from `retry-after-ms`, or `retry-after` (seconds or an HTTP date)."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000)
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def should_retry(response: httpx.Response) -> bool:
-    explicit = response.headers.get("x-should-retry")
-    if explicit in ("true", "false"):
-        return explicit == "true"
-    return response.status_code in C.RETRY_STATUS_CODES
-
-
 def retry_delay(attempt: int, retry_after: float | None) -> float:
-    """The server's Retry-After when it gives a sane one, else jittered exponential backoff."""
-    if retry_after is not None and 0 <= retry_after <= C.MAX_RETRY_AFTER:
+    """The server's Retry-After when it gave one, else jittered exponential backoff."""
+    if retry_after is not None:
         return retry_after
     backoff = min(C.INITIAL_RETRY_DELAY * 2 ** (attempt - 1), C.MAX_RETRY_DELAY)
     return backoff * (1 - 0.25 * random.random())
+
+
+def timeout_error(cfg: RewardModelConfig, attempts: int, detail: str = "") -> APITimeoutError:
+    return APITimeoutError(f"no score within timeout={cfg.timeout:g}s{detail}", attempts=attempts)
 
 
 class TransportCore:
@@ -161,12 +136,16 @@ class TransportCore:
         self.cfg = cfg
         self.stats = stats
         self._owns_http = http is None
+        headers = {"user-agent": C.USER_AGENT}
+        api_key = cfg.resolved_api_key()
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
         self.http = http or httpx.AsyncClient(
             transport=transport,
             limits=httpx.Limits(max_connections=cfg.max_concurrency,
                                 max_keepalive_connections=cfg.max_concurrency),
             timeout=httpx.Timeout(cfg.timeout, connect=cfg.connect_timeout),
-            headers={"user-agent": C.USER_AGENT},
+            headers=headers,
             trust_env=False,  # the proxy is addressed directly; env proxies would reroute it
         )
 
@@ -177,8 +156,10 @@ class TransportCore:
     async def post_json(self, url: str, content: bytes, deadline: float) -> tuple[Any, int]:
         """POST until a 2xx (its JSON and the attempts made) or a final typed error.
 
-        Retried: connection failures, 429 and 503 (at least Retry-After apart), at most
-        `max_retries` times and never past `deadline` (time.monotonic()).
+        Each try tells the proxy the time left (BUDGET_HEADER), so the proxy's own retries end
+        first. Sent again only what cannot have reached vLLM: a connection that never opened,
+        and answers the proxy marks retryable (429 overloaded, no replica in rotation) — at
+        most `max_retries` times, at least Retry-After apart, never past `deadline`.
         """
         cfg = self.cfg
         attempt = 0
@@ -186,45 +167,47 @@ class TransportCore:
             attempt += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise APITimeoutError(f"no score within timeout={cfg.timeout:g}s",
-                                      attempts=attempt - 1)
+                raise timeout_error(cfg, attempt - 1)
             self.stats.requests += 1
             retry_after = None
             try:
                 # httpx's timeout bounds each socket operation; wait_for bounds the whole request
                 # (a reply that drips in slowly).
                 response = await asyncio.wait_for(self.http.post(
-                    url, content=content, headers={"content-type": "application/json"},
+                    url, content=content,
+                    headers={"content-type": "application/json", BUDGET_HEADER: str(int(remaining * 1e3))},
                     timeout=httpx.Timeout(remaining, connect=min(cfg.connect_timeout, remaining))),
                     remaining)
             except asyncio.TimeoutError as err:  # noqa: UP041 (not TimeoutError before 3.11)
-                raise APITimeoutError(f"no score within timeout={cfg.timeout:g}s",
-                                      attempts=attempt) from err
+                raise timeout_error(cfg, attempt) from err
+            except httpx.ConnectError as err:
+                error: RewardAPIError = APIConnectionError(f"cannot reach the proxy at {url}: "
+                                                           f"{type(err).__name__}: {err}", attempts=attempt)
+                cause: BaseException | None = err
+            except httpx.ConnectTimeout as err:
+                if time.monotonic() >= deadline:
+                    raise timeout_error(cfg, attempt, " (connect timeout)") from err
+                error, cause = APIConnectionError(f"cannot reach the proxy at {url}: connect timeout",
+                                                  attempts=attempt), err
             except httpx.TimeoutException as err:
-                if not isinstance(err, httpx.ConnectTimeout) or time.monotonic() >= deadline:
-                    raise APITimeoutError(f"no score within timeout={cfg.timeout:g}s "
-                                          f"({type(err).__name__})", attempts=attempt) from err
-                error: RewardAPIError = APIConnectionError(
-                    f"cannot reach the proxy at {url}: connect timeout", attempts=attempt)
-                cause: BaseException = err
-            except httpx.TransportError as err:
-                error = APIConnectionError(f"cannot reach the proxy at {url}: "
-                                           f"{type(err).__name__}: {err}", attempts=attempt)
-                cause = err
+                raise timeout_error(cfg, attempt, f" ({type(err).__name__})") from err
+            except httpx.TransportError as err:  # the request may have reached the proxy: not resent
+                raise APIConnectionError(f"the connection to the proxy at {url} broke: "
+                                         f"{type(err).__name__}: {err}", attempts=attempt) from err
             else:
                 if response.is_success:
                     try:
                         return response.json(), attempt
                     except ValueError as err:
                         raise APIResponseValidationError(
-                            "the proxy answered 200 with a body that is not JSON",
-                            attempts=attempt) from err
-                retry_after = parse_retry_after(response.headers)
-                error = make_status_error(response.status_code, response_json(response),
-                                          attempts=attempt, retry_after=retry_after,
-                                          request_id=response.headers.get("x-request-id"))
+                            "the proxy answered 200 with a body that is not JSON", attempts=attempt) from err
+                retry_after = parse_retry_after(response.headers.get("retry-after"),
+                                                response.headers.get("retry-after-ms"))
+                error = make_status_error(response.status_code, response_json(response), attempts=attempt,
+                                          retry_after=retry_after,
+                                          request_id=response.headers.get(REQUEST_ID_HEADER))
                 cause = None
-                if not should_retry(response):
+                if not error.retryable:
                     raise error
             delay = retry_delay(attempt, retry_after)
             if attempt > cfg.max_retries or time.monotonic() + delay >= deadline:

@@ -9,26 +9,20 @@ Either way a client holds one connection pool of `max_concurrency` connections.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
 import httpx
 
-from rlinf_client import _batch
-from rlinf_client._base_client import TransportCore, build_request_body_async, parse_score_body
+from rlinf_client import _constants as C
+from rlinf_client._base_client import TransportCore
 from rlinf_client._config import RewardModelConfig
-from rlinf_client._exceptions import (
-    APIConnectionError,
-    APITimeoutError,
-    FramesError,
-    RewardAPIError,
-    RewardClientError,
-    make_status_error,
-)
+from rlinf_client._exceptions import APIConnectionError, APITimeoutError, make_status_error
+from rlinf_client._scheduler import Scheduler
 from rlinf_client._types import ClientStats, Episode, EpisodeScore
 
 __all__ = ["AsyncRewardClient", "RewardClient"]
@@ -54,7 +48,7 @@ def _as_episode(item: EpisodeLike) -> Episode:
 
 
 class AsyncRewardClient:
-    """Scores finished episodes through the proxy's POST /score.
+    """Scores finished episodes through the proxy's POST /score (or /score/batch).
 
     `config`: a RewardModelConfig, a mapping (RLinf's `reward_model` block) or None; keyword
     overrides replace single fields. `http_client` / `http_transport` inject httpx pieces (tests).
@@ -66,8 +60,7 @@ class AsyncRewardClient:
         self.config = _config(config, overrides)
         self.stats = ClientStats()
         self._core = TransportCore(self.config, http_client, http_transport, self.stats)
-        self._slots = asyncio.Semaphore(self.config.max_concurrency)
-        self._batch = _batch.BatchSupport(self.config.batch)
+        self._scheduler = Scheduler(self._core, self.stats)
 
     async def __aenter__(self) -> AsyncRewardClient:
         return self
@@ -81,19 +74,20 @@ class AsyncRewardClient:
     # -- public API ------------------------------------------------------------------------------
     async def score_episode(self, frames: Any, task_text: str, *,
                             fallback: float | None = None) -> EpisodeScore:
-        """Score one episode. Raises on failure only with `fail_on_request_error`."""
-        return await self._score_one(Episode(frames, task_text, fallback))
+        """Score one episode within `timeout`. Raises on failure only with `fail_on_request_error`."""
+        [result] = await self._scheduler.run([Episode(frames, task_text, fallback)])
+        return result
 
     async def score_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeScore]:
         """Score many episodes at once (concurrent /score calls, or /score/batch when the proxy
-        has it); results in input order. With `fail_on_request_error` the first failure
-        cancels the rest and is raised."""
-        items = [_as_episode(e) for e in episodes]
-        if not items:
-            return []
-        if len(items) > 1 and await self._batch.available(self._core):
-            return await _batch.score_in_batches(self, items)
-        return await self._gather([self._score_one(e) for e in items])
+        has it); results in input order, all within one `timeout`. With `fail_on_request_error`
+        the first failure cancels the rest and is raised."""
+        return await self._scheduler.run([_as_episode(e) for e in episodes])
+
+    @property
+    def uses_batch(self) -> bool | None:
+        """Whether POST /score/batch is used (None: not probed yet)."""
+        return self._scheduler.batch.supported
 
     async def health(self) -> dict[str, Any]:
         """The proxy's GET /health body ({"status": "ok" | "degraded" | "unavailable", ...})."""
@@ -107,67 +101,6 @@ class AsyncRewardClient:
             return response.json()
         except ValueError:
             raise make_status_error(response.status_code, response.text[:2000]) from None
-
-    # -- internals -------------------------------------------------------------------------------
-    async def _gather(self, coros: list[Coroutine[Any, Any, T]]) -> list[T]:
-        """Run concurrently; the first exception cancels the others and is raised as is."""
-        tasks = [asyncio.ensure_future(c) for c in coros]
-        if not tasks:
-            return []
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            pending = [t for t in tasks if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        for task in tasks:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()
-        return [t.result() for t in tasks]
-
-    async def _score_one(self, episode: Episode, deadline: float | None = None) -> EpisodeScore:
-        """`deadline` (time.monotonic()): an earlier attempt's, e.g. a batch's, so that one
-        episode never takes more than `timeout` in all; by default one starts now."""
-        async with self._slots:  # also bounds the encoded bodies held in memory at once
-            # The episode's `timeout` starts with its request, not while it queues for a slot.
-            started = time.perf_counter()
-            if deadline is None:
-                deadline = time.monotonic() + self.config.timeout
-            try:
-                if time.monotonic() >= deadline:
-                    raise APITimeoutError(f"no score within timeout={self.config.timeout:g}s",
-                                          attempts=0)
-                body = await build_request_body_async(episode, self.config)
-                try:
-                    data, attempts = await self._core.post_json(self.config.score_url,
-                                                                body.to_bytes(), deadline)
-                finally:
-                    body.discard(self.config.keep_temp_video)
-                score = parse_score_body(data, attempts)
-            except (RewardAPIError, FramesError) as err:
-                return self._failed(episode, err, started)
-        return self._succeeded(score, data, attempts, started)
-
-    def _succeeded(self, score: float, data: dict, attempts: int, started: float) -> EpisodeScore:
-        result = EpisodeScore(ok=True, value=score, score=score, attempts=attempts,
-                              latency_ms=(time.perf_counter() - started) * 1e3, response=data)
-        self.stats.record(result)
-        return result
-
-    def _failed(self, episode: Episode, err: RewardClientError, started: float) -> EpisodeScore:
-        """The failure policy, in one place: raise, or a fallback that is marked and counted."""
-        code = getattr(err, "code", "error")
-        result = EpisodeScore(ok=False, value=episode.fallback, reason=code, error=err,
-                              attempts=getattr(err, "attempts", 0),
-                              latency_ms=(time.perf_counter() - started) * 1e3)
-        self.stats.record(result)
-        if self.config.fail_on_request_error:
-            raise err
-        log.info("reward model failed (%s: %s) for %r; using fallback %s", code, err,
-                 episode.task_text[:80], episode.fallback)
-        return result
 
 
 class RewardClient:
@@ -211,10 +144,18 @@ class RewardClient:
         self.close()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run on the client's loop; abandoned (cancelled) if it has not returned a little after
+        `timeout` — the schedule ends at the timeout, this is the backstop."""
         if not self._thread.is_alive():
             coro.close()
             raise RuntimeError("RewardClient is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=self.config.timeout + C.RETURN_MARGIN_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise APITimeoutError(f"no answer within timeout={self.config.timeout:g}s "
+                                  f"(+{C.RETURN_MARGIN_S:g}s margin)", attempts=0) from None
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 from rlinf_client import _constants as C
 from rlinf_client._exceptions import RewardConfigError
+from vlm_protocol import strict_yaml
 
 __all__ = ["RewardModelConfig"]
 
@@ -47,6 +49,8 @@ class RewardModelConfig:
     max_retries: int = C.DEFAULT_MAX_RETRIES
     connect_timeout: float = C.DEFAULT_CONNECT_TIMEOUT
     batch: BatchMode = "auto"  # use POST /score/batch when the proxy has it
+    # The proxy's bearer token (proxy.api_key_env); None = the VLM_REWARD_PROXY_API_KEY variable.
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # A private read-only copy: no mutable default shared between configs.
@@ -103,9 +107,7 @@ class RewardModelConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, key: str | None = "reward_model") -> RewardModelConfig:
         """From a YAML file; `key` is a dotted path to the block (None = the whole file)."""
-        import yaml  # the `client` extra
-
-        data: Any = yaml.safe_load(Path(path).read_text()) or {}
+        data: Any = strict_yaml.load(Path(path).read_text()) or {}
         for part in (key.split(".") if key else []):
             if not isinstance(data, dict) or part not in data:
                 raise RewardConfigError(f"{path}: no {key!r} block")
@@ -134,6 +136,9 @@ class RewardModelConfig:
     @property
     def health_url(self) -> str:
         return self.base_url + C.HEALTH_PATH
+
+    def resolved_api_key(self) -> str | None:
+        return self.api_key or os.environ.get(C.API_KEY_ENV) or None
 
 
 def _to_plain(node: Any) -> Any:

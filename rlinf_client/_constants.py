@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-DEFAULT_ENDPOINT = "http://127.0.0.1:18080/score"
-SCORE_PATH = "/score"
-BATCH_PATH = "/score/batch"
-HEALTH_PATH = "/health"
+from vlm_protocol.wire import BATCH_PATH, HEALTH_PATH, SCORE_PATH
 
-# Seconds for one episode, retries and backoff included (the seed's per-request timeout).
+__all__ = ["BATCH_PATH", "HEALTH_PATH", "SCORE_PATH"]
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:18080/score"
+
+# Seconds for one score_episode / score_episodes call, retries and backoff included (the
+# seed's per-request timeout). Every call returns within it, with each episode scored or failed.
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
+# Re-sends of a request the proxy refused before any upstream call (429 overloaded, or an answer
+# marked retryable) or that never reached it (connection refused).
 DEFAULT_MAX_RETRIES = 4
 INITIAL_RETRY_DELAY = 0.5
 MAX_RETRY_DELAY = 8.0
-MAX_RETRY_AFTER = 60.0  # a Retry-After above this is treated as "do not wait"
-RETRY_STATUS_CODES = frozenset({429, 503})
+# A call that has not returned this long after its timeout is abandoned (a backstop: the
+# schedule itself already ends at the timeout).
+RETURN_MARGIN_S = 2.0
+# The proxy's bearer token, when `api_key` is not set in the config.
+API_KEY_ENV = "VLM_REWARD_PROXY_API_KEY"
 
 DEFAULT_MAX_CONCURRENCY = 64  # requests in flight per client (= connection pool size)
-DEFAULT_MAX_BATCH_EPISODES = 64
+DEFAULT_MAX_BATCH_EPISODES = 16  # episodes per POST /score/batch
 DEFAULT_MAX_BATCH_BYTES = 48 * 2**20  # stay under the proxy's 64 MiB body cap
+# Encoded request bodies held at once (built, in flight or waiting): bounds the client's memory
+# (16 frames of 256x256 inline are ~4 MiB each).
+MAX_BODIES_IN_MEMORY = 64
 
 # What the seed's reward_model block defaults to.
 DEFAULT_NFRAMES = 16

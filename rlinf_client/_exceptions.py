@@ -8,8 +8,10 @@
         ├── APIConnectionError                  no HTTP answer (refused, reset, closed)
         │   └── APITimeoutError                 the episode's `timeout` ran out
         ├── APIResponseValidationError          a 200 whose body is not a score
-        └── APIStatusError                      an error answer: `.status_code`, the proxy's `.code`
+        └── APIStatusError                      an error answer: `.status_code`, the proxy's `.code`,
+            │                                   `.retryable` (the proxy's word, else vlm_protocol's table)
             ├── BadRequestError           400
+            ├── AuthenticationError       401   (unauthorized: set api_key / VLM_REWARD_PROXY_API_KEY)
             ├── ForbiddenError            403   (e.g. media_forbidden)
             ├── NotFoundError             404   (e.g. unknown_backend)
             ├── PayloadTooLargeError      413
@@ -27,11 +29,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlm_protocol.errors import is_retryable
+
 __all__ = [
     "APIConnectionError",
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "AuthenticationError",
     "BadGatewayError",
     "BadRequestError",
     "ForbiddenError",
@@ -108,6 +113,7 @@ class APIStatusError(RewardAPIError):
         field: str | None = None,
         request_id: str | None = None,
         retry_after: float | None = None,
+        retryable: bool = False,
     ) -> None:
         super().__init__(message, attempts=attempts, code=code or f"http_{status_code}")
         self.status_code = status_code
@@ -115,12 +121,17 @@ class APIStatusError(RewardAPIError):
         self.field = field
         self.request_id = request_id
         self.retry_after = retry_after
+        self.retryable = retryable
 
     def __str__(self) -> str:
         return f"{self.status_code} {self.code}: {self.message}"
 
 
 class BadRequestError(APIStatusError):
+    pass
+
+
+class AuthenticationError(APIStatusError):
     pass
 
 
@@ -162,6 +173,7 @@ class GatewayTimeoutError(InternalServerError):
 
 _STATUS_CLASSES: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
+    401: AuthenticationError,
     403: ForbiddenError,
     404: NotFoundError,
     413: PayloadTooLargeError,
@@ -182,14 +194,16 @@ def make_status_error(
     request_id: str | None = None,
     retry_after: float | None = None,
 ) -> APIStatusError:
-    """The typed error for an error answer; reads the proxy's `{"error": {...}}` shape if present."""
+    """The typed error for an error answer; reads the proxy's `{"error": {...}}` shape if present.
+    Whether it may be retried is the answer's own `retryable`, else the shared code table's."""
     error = body.get("error") if isinstance(body, dict) else None
-    code = message = field = None
+    code = message = field = explicit = None
     if isinstance(error, dict):
         code = error.get("code") if isinstance(error.get("code"), str) else None
         message = error.get("message")
         field = error.get("field")
         request_id = request_id or error.get("request_id")
+        explicit = error.get("retryable") if isinstance(error.get("retryable"), bool) else None
     elif isinstance(body, dict) and "detail" in body:  # a framework's own answer (e.g. 404 route)
         message = str(body["detail"])
     if not message:
@@ -198,4 +212,5 @@ def make_status_error(
     if cls is None:
         cls = InternalServerError if status_code >= 500 else APIStatusError
     return cls(str(message)[:2000], status_code=status_code, code=code, attempts=attempts, body=body,
-               field=field, request_id=request_id, retry_after=retry_after)
+               field=field, request_id=request_id, retry_after=retry_after,
+               retryable=is_retryable(code, status_code, explicit))

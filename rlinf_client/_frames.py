@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from proxy.frame_rules import sample_indices as _proxy_sample_indices
 from rlinf_client._constants import OBS_IMAGE_KEYS
 from rlinf_client._exceptions import FramesError, MissingDependencyError
+from vlm_protocol.frames import sample_indices as _proxy_sample_indices
 
 __all__ = [
     "EpisodeFrameBuffer",
@@ -35,7 +35,7 @@ __all__ = [
 
 
 def sample_indices(source_count: int, nframes: int) -> list[int]:
-    """The proxy's own rule (proxy/frame_rules.py, dependency-free), so client and proxy agree."""
+    """The proxy's own rule (vlm_protocol.frames, dependency-free), so client and proxy agree."""
     if source_count <= 0:
         raise FramesError("no frames to sample from")
     return _proxy_sample_indices(source_count, nframes)

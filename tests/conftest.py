@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPTS_DIR = REPO / "prompts"
 QWEN_MODEL = "Qwen2.5-VL-7B-Instruct"
 PRIMO_MODEL = "PRIMO-R1-7B"
+# Replies in the answer format each backend's template declares (0.75 and 0.6).
+QWEN_REPLY = "<score>75</score>"
+PRIMO_REPLY = ("<think><planning>1. grasp 2. place</planning><observation>bowl moved 3 cm</observation>"
+               "<reasoning>step 1 of 2 done</reasoning></think><answer>60</answer>")
 
 _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY")
@@ -45,15 +49,12 @@ def fake_vllm_factory() -> Iterator[Callable[..., FakeVLLMThread]]:
 
 @pytest.fixture
 def fake_qwen(fake_vllm_factory) -> FakeVLLMThread:
-    return fake_vllm_factory(served_model_name=QWEN_MODEL, default_text="<score>75</score>")
+    return fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY)
 
 
 @pytest.fixture
 def fake_primo(fake_vllm_factory) -> FakeVLLMThread:
-    return fake_vllm_factory(
-        served_model_name=PRIMO_MODEL,
-        default_text="<think><planning>1. grasp 2. place</planning><observation>bowl moved 3 cm"
-                     "</observation><reasoning>step 1 of 2 done</reasoning></think><answer>60</answer>")
+    return fake_vllm_factory(served_model_name=PRIMO_MODEL, default_text=PRIMO_REPLY)
 
 
 def libero_settings_dict(qwen_endpoints: list[str], primo_endpoints: list[str],
@@ -61,6 +62,8 @@ def libero_settings_dict(qwen_endpoints: list[str], primo_endpoints: list[str],
     """The shipped configs/libero.yaml's shape, pointed at fakes, with fast retries."""
     fast_retry = {"attempts": 4, "parse_attempts": 2, "backoff_s": [0.01, 0.05], "timeout_s": 10,
                   "deadline_s": 30}
+    # Probes often, so /health (answered from the probes) follows a fake going down quickly.
+    proxy_overrides.setdefault("health_interval_s", 0.2)
     return {
         "proxy": {"allowed_media_roots": [str(media_root)], "prompts_dir": str(PROMPTS_DIR),
                   **proxy_overrides},

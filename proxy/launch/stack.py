@@ -9,6 +9,7 @@ in the background, even when the `up` process itself was killed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from proxy.health import probe
 from proxy.launch.commands import ReplicaCommand, shell_line
 
 Say = Callable[[str], None]
@@ -154,7 +156,8 @@ class Stack:
         self.stop_requested = threading.Event()
         self.force = threading.Event()  # a second signal: skip the grace period
         self.state = "starting"
-        self._http = httpx.Client(trust_env=False, timeout=2.0)
+        self._loop = asyncio.new_event_loop()
+        self._http = httpx.AsyncClient(trust_env=False, timeout=2.0)
 
     # -- signals -----------------------------------------------------------------------------
     def on_signal(self, signum: int, _frame: object = None) -> None:
@@ -197,33 +200,12 @@ class Stack:
         return child
 
     def probe(self, child: Child) -> bool:
-        """vLLM is ready when /health is 200 and /v1/models lists the served model name."""
-        try:
-            health = self._http.get(child.url + "/health")
-            if child.model is None:  # the proxy: any answer means it is serving
-                return True
-            if health.status_code != 200:
-                child.reason = f"/health answered {health.status_code}"
-                return False
-            auth = {"Authorization": f"Bearer {child.api_key}"} if child.api_key else {}
-            models = self._http.get(child.url + "/v1/models", headers=auth)
-            if models.status_code != 200:
-                child.reason = f"/v1/models answered {models.status_code}"
-                return False
-            served = [m.get("id") for m in models.json()["data"]]
-        except httpx.ConnectError:
-            child.reason = "port not open yet"
-            return False
-        except httpx.HTTPError as err:
-            child.reason = f"{type(err).__name__} {err}".strip()
-            return False
-        except (ValueError, KeyError, TypeError, AttributeError):
-            child.reason = "/v1/models did not answer a model list"
-            return False
-        if child.model not in served:
-            child.reason = f"/v1/models lists {served}, not {child.model!r}"
-            return False
-        return True
+        """The proxy's own readiness probe (proxy/health.py), run on this stack's private loop."""
+        base_url = child.url if child.model is None else child.url + "/v1"
+        readiness = self._loop.run_until_complete(
+            probe(self._http, base_url, child.model, timeout_s=2.0, api_key=child.api_key))
+        child.reason = readiness.reason or ""
+        return readiness.ready
 
     def wait_ready(self, children: list[Child], timeout_s: float) -> None:
         """Until every child answers; a child that exits or the timeout is a StackFailure."""
@@ -349,7 +331,9 @@ class Stack:
                    for c in self.children)
 
     def close(self) -> None:
-        self._http.close()
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._http.aclose())
+            self._loop.close()
         if self.pid_file is not None and (read_pid_file(self.pid_file) or {}).get("up_pid") == os.getpid():
             self.pid_file.unlink(missing_ok=True)
 

@@ -59,8 +59,10 @@ def env(tmp_path_factory) -> Iterator[Env]:
     outside.mkdir()
     shutil.copytree(PROMPTS_DIR, prompts)
     (prompts / "scene.yaml").write_text(
-        "variables: {task_text: {}, scene: {}}\nuser: 'In ${scene}: ${task_text}. <score>?</score>'\n")
-    (prompts / "editable.yaml").write_text("variables: {task_text: {}}\nuser: '${task_text} <score>?</score>'\n")
+        "variables: {task_text: {}, scene: {}}\nuser: 'In ${scene}: ${task_text}. <score>?</score>'\n"
+        "answer: {tags: [score], scale: {min: 0, max: 100}}\n")
+    (prompts / "editable.yaml").write_text("variables: {task_text: {}}\nuser: '${task_text} <score>?</score>'\n"
+        "answer: {tags: [score], scale: {min: 0, max: 100}}\n")
     qwen = FakeVLLMThread(FakeConfig(served_model_name=QWEN_MODEL, default_text="<score>75</score>")).start()
     primo = FakeVLLMThread(FakeConfig(served_model_name=PRIMO_MODEL,
                                       default_text="<think>70 of 100</think><answer>60</answer>")).start()

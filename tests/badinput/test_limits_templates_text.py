@@ -138,7 +138,8 @@ def test_template_edited_to_use_an_undeclared_variable(env, allow_upstream):
     path = env.prompts / "editable.yaml"
     good = path.read_text()
     try:
-        path.write_text("variables: {task_text: {}}\nuser: '${task_text} in ${room} <score>?</score>'\n")
+        path.write_text("variables: {task_text: {}}\nuser: '${task_text} in ${room} <score>?</score>'\n"
+        "answer: {tags: [score], scale: {min: 0, max: 100}}\n")
         error = expect(env.post(json={**BASE, "backend": "editable"}, label="template undeclared"),
                        500, "prompt_template_invalid", mentions="room")
         assert "undeclared" in error["message"]

@@ -10,7 +10,9 @@ Behaviour per chat request: the next scripted action if any, else the default re
     {"malformed": true}                              200 with a body that is not JSON
     {"truncated": true}                              200, Content-Length larger than the body
     {"hang_s": 30}                                   answer nothing for that long
-Like stock vLLM it answers 404 for an unknown model, 400 (param media_io_kwargs /
+    {"reply": "a b c", "word_delay_s": 1}            (stream: true) a pause after each word
+Like stock vLLM it answers 401 on /v1/* without the bearer token when `api_key` is set, 404 for an
+unknown model, 400 (param media_io_kwargs /
 mm_processor_kwargs) for per-request media kwargs unless trust_request_mm_kwargs, 400 for a
 data URL that is not strict base64, and it keeps only --media-io-kwargs num_frames (32) frames.
 
@@ -49,6 +51,10 @@ class FakeConfig:
     latency_base_s: float = 0.0
     latency_per_seq_s: float = 0.0
     max_num_seqs: int = 256
+    # Like `vllm serve --api-key`: /v1/* needs `Authorization: Bearer <api_key>` (401 otherwise).
+    api_key: str | None = None
+    # A /v1/models answer to send instead of the model list (e.g. {"data": None}: an odd server).
+    models_body: Any = None
 
 
 @dataclass
@@ -68,6 +74,7 @@ class FakeState:
     running: int = 0
     max_running_seen: int = 0
     chat_count: int = 0
+    readiness_gets: int = 0  # GET /health and GET /v1/models answered
 
 
 class FakeVLLM:
@@ -77,6 +84,7 @@ class FakeVLLM:
         self.state = FakeState(config=config or FakeConfig())
         self._seq_slots: asyncio.Semaphore | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._chat_readers: set[asyncio.StreamReader] = set()
 
     # -- control (thread-safe enough for tests: deque/list appends are atomic) --------------
     def script(self, *actions: dict) -> None:
@@ -92,6 +100,12 @@ class FakeVLLM:
     def chat_requests(self) -> list[dict]:
         return [r.body for r in self.state.requests if r.path.endswith("/chat/completions")]
 
+    @property
+    def chats_in_progress(self) -> int:
+        """Chat requests being answered whose caller is still connected (a caller that hung up
+        has fed EOF to its reader, even while the reply is still being prepared)."""
+        return sum(1 for reader in self._chat_readers if not reader.at_eof())
+
     # -- HTTP plumbing -------------------------------------------------------------------------
     async def handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._writers.add(writer)
@@ -101,26 +115,43 @@ class FakeVLLM:
                 if request is None:
                     break
                 method, path, headers, raw_body = request
-                keep_open = await self._dispatch(method, path, headers, raw_body, writer)
+                chat = path.endswith("/chat/completions")
+                if chat:
+                    self._chat_readers.add(reader)
+                try:
+                    keep_open = await self._dispatch(method, path, headers, raw_body, writer)
+                finally:
+                    self._chat_readers.discard(reader)
                 if not keep_open or headers.get("connection", "").lower() == "close":
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            pass  # the fake is stopping; end the handler normally (3.11's stream callback chokes on cancelled)
         finally:
             self._writers.discard(writer)
             writer.close()
+            # Wait until the socket is really closed (connection_lost ran), so the loop can be
+            # closed right after the handlers end without leaking a transport.
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
     async def _dispatch(self, method, path, headers, raw_body, writer) -> bool:
         cfg = self.state.config
         if path.startswith("/_fake/"):
             return await self._control(method, path, raw_body, writer)
+        if method == "GET" and path in ("/health", "/v1/models"):
+            self.state.readiness_gets += 1
         if method == "GET" and path == "/health":
             await _send_json(writer, 200 if cfg.healthy else 503, {} if cfg.healthy else {"error": "unhealthy"})
             return True
+        if path.startswith("/v1/") and cfg.api_key and headers.get("authorization") != f"Bearer {cfg.api_key}":
+            await _send_json(writer, 401, {"error": "Unauthorized"})
+            return True
         if method == "GET" and path == "/v1/models":
-            await _send_json(writer, 200, {"object": "list", "data": [
-                {"id": cfg.served_model_name, "object": "model", "owned_by": "vllm", "root": cfg.served_model_name}
-            ]})
+            await _send_json(writer, 200, cfg.models_body if cfg.models_body is not None else {
+                "object": "list", "data": [{"id": cfg.served_model_name, "object": "model", "owned_by": "vllm",
+                                            "root": cfg.served_model_name}]})
             return True
         if method == "POST" and path == "/v1/chat/completions":
             return await self._chat(headers, raw_body, writer)
@@ -189,7 +220,7 @@ class FakeVLLM:
         await self._model_latency()
         completion = _completion(body, cfg, text, action.get("finish_reason", "stop"))
         if body.get("stream"):
-            await _send_sse(writer, completion)
+            await _send_sse(writer, completion, action.get("word_delay_s", 0.0))
             return False
         await _send_json(writer, 200, completion)
         return True
@@ -311,7 +342,7 @@ async def _send_json(writer, status: int, obj: Any, extra: dict | None = None) -
     await _send_raw(writer, status, json.dumps(obj).encode(), "application/json", extra)
 
 
-async def _send_sse(writer, completion: dict) -> None:
+async def _send_sse(writer, completion: dict, word_delay_s: float = 0.0) -> None:
     """Stream the reply word by word as vLLM does, then [DONE]; connection-delimited."""
     writer.write(_head(200, None, "text/event-stream", {"connection": "close"}))
     text = completion["choices"][0]["message"]["content"]
@@ -323,6 +354,8 @@ async def _send_sse(writer, completion: dict) -> None:
                  "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
         writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await writer.drain()
+        if word_delay_s:
+            await asyncio.sleep(word_delay_s)
     final = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
              "model": completion["model"],
              "choices": [{"index": 0, "delta": {}, "finish_reason": completion["choices"][0]["finish_reason"]}]}
@@ -358,7 +391,6 @@ class FakeVLLMThread:
             for task in pending:
                 task.cancel()
             self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self._loop.run_until_complete(asyncio.sleep(0.05))  # connection_lost callbacks close sockets
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 

@@ -25,6 +25,8 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import QWEN_REPLY
+
 REPO = Path(__file__).resolve().parents[2]
 # Children see no proxies or API keys from the machine (as tests/conftest.py does for this process).
 _ENV_TO_DROP = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY"}
@@ -103,7 +105,7 @@ class _Process:
 class FakeProcess(_Process):
     """`python -m tests.fakes.fake_vllm` on a fixed port, scriptable over /_fake/*."""
 
-    def __init__(self, model: str, log: Path, *, port: int | None = None, default_text: str = "<score>75</score>",
+    def __init__(self, model: str, log: Path, *, port: int | None = None, default_text: str = QWEN_REPLY,
                  extra: tuple[str, ...] = ()) -> None:
         port = port or free_port()
         argv = [sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(port),

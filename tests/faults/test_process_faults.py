@@ -39,7 +39,7 @@ async def test_fake_killed_mid_request_and_restarted_on_the_same_port(fake_proc,
     values = metrics(None, proxy.url)
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="upstream_unavailable") >= 1
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="ok") == 1
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="ok") == 1
+    assert metric_sum(values, "vlm_proxy_episodes_total", outcome="ok") == 1
     assert metric_sum(values, "vlm_proxy_in_flight") == 0
 
 
@@ -62,8 +62,8 @@ def test_dead_fake_is_a_fast_503_and_its_restart_is_picked_up(fake_proc, proxy_t
         assert outcome(http.post("/score", json=EPISODE)) == "ok"
         assert http.get("/health").json()["status"] == "ok"
         values = metrics(http, proxy.url)
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="upstream_unavailable") == 1
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="ok") == 2
+    assert metric_sum(values, "vlm_proxy_episodes_total", outcome="upstream_unavailable") == 1
+    assert metric_sum(values, "vlm_proxy_episodes_total", outcome="ok") == 2
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="upstream_unavailable") == 4
 
 
@@ -91,14 +91,14 @@ def test_frozen_fake_times_out_then_recovers_when_resumed(fake_proc, proxy_threa
             started = time.monotonic()
             health = http.get("/health")
             assert time.monotonic() - started < 3
-            assert health.status_code == 503 and "Timeout" in json.dumps(health.json())
+            assert health.status_code == 503 and "upstream_timeout" in json.dumps(health.json())
         finally:
             fake.signal(signal.SIGCONT)
         wait_circuits_closed(proxy.url)
         assert outcome(http.post("/score", json=EPISODE)) == "ok"
         values = metrics(http, proxy.url)
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="upstream_timeout") == 2
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="upstream_timeout") == 1
+    assert metric_sum(values, "vlm_proxy_episodes_total", outcome="upstream_timeout") == 1
 
 
 async def test_mid_batch_kill_and_restart_with_the_proxy_as_a_subprocess(fake_proc, proxy_proc, media_root,
@@ -134,8 +134,8 @@ async def test_mid_batch_kill_and_restart_with_the_proxy_as_a_subprocess(fake_pr
     tally = {code: outcomes.count(code) for code in set(outcomes)}
     print("mid-batch outcomes:", tally)
     for code, n in tally.items():
-        assert metric_sum(values, "vlm_proxy_requests_total", outcome=code) == n, (code, values)
-    assert metric_sum(values, "vlm_proxy_requests_total") == count
+        assert metric_sum(values, "vlm_proxy_episodes_total", outcome=code) == n, (code, values)
+    assert metric_sum(values, "vlm_proxy_episodes_total") == count
     assert metric_sum(values, "vlm_proxy_in_flight") == 0
     calls = {dict(labels)["result"]: v for (name, labels), v in values.items()
              if name == "vlm_proxy_upstream_calls_total"}
@@ -148,7 +148,7 @@ async def test_mid_batch_kill_and_restart_with_the_proxy_as_a_subprocess(fake_pr
         if code == "ok":
             assert line["score"] == 0.75 and "error" not in line
         else:
-            assert line["error"] == code and line["attempts"] >= 1
+            assert line["error"]["code"] == code and line["attempts"] >= 1
     log = proxy.log.read_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log
 
@@ -174,7 +174,7 @@ async def test_client_disconnecting_mid_request_leaves_the_proxy_healthy(fake_pr
         assert http.get("/health").json()["status"] == "ok"
         values = metrics(http, proxy.url)
     print("after 5 disconnects: requests_total =",
-          {dict(k[1]).get("outcome"): v for k, v in values.items() if k[0] == "vlm_proxy_requests_total"})
+          {dict(k[1]).get("outcome"): v for k, v in values.items() if k[0] == "vlm_proxy_episodes_total"})
 
 
 async def test_kill_during_a_score_batch(fake_proc, proxy_thread, media_root, tmp_path):
@@ -210,9 +210,30 @@ async def test_kill_during_a_score_batch(fake_proc, proxy_thread, media_root, tm
     assert summary == {"ok": codes.count("ok"), "failed": 24 - codes.count("ok")}
     values = metrics(None, proxy.url)
     for code in set(codes):
-        assert metric_sum(values, "vlm_proxy_requests_total", outcome=code) == codes.count(code)
+        assert metric_sum(values, "vlm_proxy_episodes_total", outcome=code) == codes.count(code)
     assert metric_sum(values, "vlm_proxy_in_flight") == 0
     lines = {json.loads(line)["task_text"]: json.loads(line) for line in audit.read_text().splitlines()}
     assert len(lines) == 24
     for i, code in enumerate(codes):
         assert lines[f"item {i}"].get("error", "ok") == code
+
+
+async def test_sigterm_gives_in_flight_requests_the_grace_then_an_explicit_503(fake_proc, proxy_proc, media_root):
+    """A 60 s upstream reply must not hold the proxy after SIGTERM: the request in flight gets
+    proxy.shutdown_grace_s, then an explicit 503 shutting_down, and the process exits."""
+    fake = fake_proc()
+    fake.script({"hang_s": 60})
+    proxy = proxy_proc(one_backend([fake.base_url], media_root, shutdown_grace_s=1,
+                                   retry={"attempts": 1, "timeout_s": 120, "deadline_s": 120}))
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=90, trust_env=False) as http:
+        pending = asyncio.ensure_future(http.post("/score", json=EPISODE))
+        await asyncio.to_thread(fake.wait_chats, 1)
+        started = time.monotonic()
+        proxy.proc.send_signal(signal.SIGTERM)
+        response = await pending
+    exit_code = await asyncio.to_thread(proxy.proc.wait, 30)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
+    assert response.json()["error"]["retryable"] is True and "retry-after" in response.headers
+    # uvicorn re-raises the signal once it has shut down cleanly: the exit says what stopped it
+    assert exit_code in (0, -signal.SIGTERM)
+    assert time.monotonic() - started < 30  # not the 60 s the upstream call would take

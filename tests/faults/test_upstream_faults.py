@@ -12,10 +12,11 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import QWEN_REPLY
 from tests.faults.common import EPISODE, one_backend, outcome
 from tests.faults.procs import completion, http_bytes, metric_sum, metrics, wait_circuits_closed
 
-GOOD = http_bytes(200, json.dumps(completion("<score>75</score>")).encode())
+GOOD = http_bytes(200, json.dumps(completion(QWEN_REPLY)).encode())
 
 
 def _post(proxy, payload=EPISODE) -> tuple[httpx.Response, float]:
@@ -32,15 +33,15 @@ async def _storm(proxy, fake, actions: list[dict], clients: int = 20) -> tuple[l
             asyncio.gather(*(http.post("/score", json=EPISODE) for _ in range(clients))), 60)
     outcomes = [outcome(r) for r in responses]
     assert set(outcomes) <= {"ok", "upstream_unavailable"}
-    assert all(r.json()["error"]["attempts"] == 4 for r in responses if r.status_code == 503)
+    assert all(r.json()["error"]["attempts"] <= 4 for r in responses if r.status_code == 503)
     values = metrics(None, proxy.url)
     ok, failed = outcomes.count("ok"), outcomes.count("upstream_unavailable")
     print("storm:", {"ok": ok, "upstream_unavailable": failed, "upstream calls": fake.chat_count()})
     # every call that reached vLLM is counted once, by result; every episode once, by outcome
     assert metric_sum(values, "vlm_proxy_upstream_calls_total") == fake.chat_count()
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="ok") == ok
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="ok") == ok
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="upstream_unavailable") == failed
+    assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome="ok") == ok
+    assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome="upstream_unavailable") == failed
     assert metric_sum(values, "vlm_proxy_in_flight") == 0
     return outcomes, values
 
@@ -97,7 +98,7 @@ def test_slow_replies_past_the_timeout(fake_proc, proxy_thread, media_root):
     assert elapsed < 3.0
     values = metrics(None, proxy.url)
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="upstream_timeout") == 4
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="upstream_timeout") == 1
+    assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome="upstream_timeout") == 1
 
 
 def test_the_deadline_cuts_a_long_retry_budget(fake_proc, proxy_thread, media_root):
@@ -128,8 +129,8 @@ def test_broken_replies_every_time_end_in_an_explicit_error(fake_proc, proxy_thr
     assert fake.chat_count() == 4
     values = metrics(None, proxy.url)
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result=code) == 4
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome=code) == 1
-    assert json.loads(audit.read_text())["error"] == code
+    assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome=code) == 1
+    assert json.loads(audit.read_text())["error"]["code"] == code
     assert outcome(_post(proxy)[0]) == "ok"  # and the next episode is fine
 
 
@@ -162,9 +163,10 @@ def test_a_reply_without_a_score_is_unparseable_never_zero(fake_proc, proxy_thre
         assert "finish_reason=length" in response.json()["error"]["message"]
     values = metrics(None, proxy.url)
     assert metric_sum(values, "vlm_proxy_parse_failures_total") == 2
-    assert metric_sum(values, "vlm_proxy_requests_total", outcome="unparseable_score") == 1
+    assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome="unparseable_score") == 1
     line = json.loads(audit.read_text())
-    assert line["error"] == "unparseable_score" and "score" not in line
+    assert line["error"]["code"] == "unparseable_score" and "score" not in line
+    assert line["output_text"] == reply and line["finish_reason"] == finish_reason  # what the model said
 
 
 def test_connection_reset_is_retried_on_the_next_replica(raw_server, fake_proc, proxy_thread, media_root):

@@ -143,7 +143,8 @@ def test_missing_template_variable_is_422(proxy_factory, fake_qwen, fake_primo, 
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     (prompts / "scene.yaml").write_text(
-        "variables: {task_text: {}, scene: {}}\nuser: 'In ${scene}: ${task_text}. <score>?</score>'\n")
+        "variables: {task_text: {}, scene: {}}\nuser: 'In ${scene}: ${task_text}. <score>?</score>'\n"
+        "answer: {tags: [score], scale: {min: 0, max: 100}}\n")
     for name in ("primo_r1",):
         (prompts / f"{name}.yaml").write_text((Path(__file__).parents[2] / "prompts" / f"{name}.yaml").read_text())
     data = libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], media_root,

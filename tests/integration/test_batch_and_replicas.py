@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from proxy.config import settings_from_dict
-from tests.conftest import QWEN_MODEL, libero_settings_dict
+from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(6, 56, 56))}
@@ -52,7 +52,8 @@ def test_batch_over_the_cap_is_a_clear_4xx(proxy_factory, fake_qwen, fake_primo,
 
 
 def test_least_outstanding_balancing_spreads_load(proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    replicas = [fake_vllm_factory(served_model_name=QWEN_MODEL, latency_base_s=0.05) for _ in range(2)]
+    replicas = [fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, latency_base_s=0.05)
+                for _ in range(2)]
     server = proxy_factory(_settings([r.base_url for r in replicas], fake_primo.base_url, media_root))
     with httpx.Client(base_url=server.url, timeout=60) as http:
         body = http.post("/score/batch", json={"items": [EPISODE] * 40}).json()
@@ -63,7 +64,7 @@ def test_least_outstanding_balancing_spreads_load(proxy_factory, fake_vllm_facto
 
 def test_circuit_opens_on_a_failing_replica_and_closes_when_it_recovers(
         proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    bad, good = (fake_vllm_factory(served_model_name=QWEN_MODEL) for _ in range(2))
+    bad, good = (fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY) for _ in range(2))
     bad.config.healthy = False  # its /health fails too, so probes keep it out
     bad.script(*[{"status": 500}] * 100)
     server = proxy_factory(_settings([bad.base_url, good.base_url], fake_primo.base_url, media_root,
@@ -90,7 +91,8 @@ def test_circuit_opens_on_a_failing_replica_and_closes_when_it_recovers(
 
 async def test_replica_killed_mid_batch_every_item_still_scores(
         proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    first, second = (fake_vllm_factory(served_model_name=QWEN_MODEL, latency_base_s=0.2) for _ in range(2))
+    first, second = (fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, latency_base_s=0.2)
+                     for _ in range(2))
     server = proxy_factory(_settings([first.base_url, second.base_url], fake_primo.base_url, media_root,
                                      retry={"attempts": 6, "parse_attempts": 1, "backoff_s": [0.01, 0.1],
                                             "timeout_s": 5, "deadline_s": 30},
@@ -106,7 +108,7 @@ async def test_replica_killed_mid_batch_every_item_still_scores(
 
 
 async def test_full_queue_answers_429_with_retry_after(proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    slow = fake_vllm_factory(served_model_name=QWEN_MODEL, latency_base_s=0.5)
+    slow = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, latency_base_s=0.5)
     server = proxy_factory(_settings([slow.base_url], fake_primo.base_url, media_root,
                                      admission={"max_in_flight_per_endpoint": 2, "max_queue": 3}))
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
@@ -117,14 +119,14 @@ async def test_full_queue_answers_429_with_retry_after(proxy_factory, fake_vllm_
     rejected = next(r for r in responses if r.status_code == 429)
     assert rejected.json()["error"]["code"] == "overloaded" and int(rejected.headers["retry-after"]) >= 1
     assert slow.fake.state.max_running_seen <= 2  # the replica was never flooded past its cap
-    assert 'vlm_proxy_requests_total{backend="qwen2_5_vl_vllm",outcome="overloaded",route="score"}' in metrics
+    assert 'vlm_proxy_requests_total{backend="qwen2_5_vl_vllm",outcome="overloaded",route="/score"}' in metrics
 
 
 @pytest.mark.slow
 async def test_thousand_concurrent_requests_complete_with_bounded_memory(
         proxy_factory, fake_vllm_factory, fake_primo, media_root):
     import resource
-    fake = fake_vllm_factory(served_model_name=QWEN_MODEL, record=False, latency_base_s=0.01)
+    fake = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, record=False, latency_base_s=0.01)
     server = proxy_factory(_settings([fake.base_url], fake_primo.base_url, media_root,
                                      admission={"max_in_flight_per_endpoint": 64, "max_queue": 2000}))
     small = {"task_text": "t", "frames_npy": npy_b64(episode_frames(2, 28, 28))}

@@ -107,7 +107,7 @@ def test_mp4_and_inline_frames_give_the_same_sampling(client, fake_qwen, media_r
 
 
 def test_images_layout_sends_separate_image_parts(proxy_factory, fake_vllm_factory, media_root):
-    fake = fake_vllm_factory(served_model_name="plain-vlm", default_text="0.4")
+    fake = fake_vllm_factory(served_model_name="plain-vlm", default_text="<score>0.4</score>")
     data = libero_settings_dict([fake.base_url], [fake.base_url], media_root)
     data["backends"] = {"plain": {**data["backends"]["qwen2_5_vl_vllm"], "model": "plain-vlm",
                                   "layout": "images", "score_mode": "unit",

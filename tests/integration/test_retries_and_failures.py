@@ -4,7 +4,7 @@ import httpx
 import pytest
 
 from proxy.config import settings_from_dict
-from tests.conftest import libero_settings_dict
+from tests.conftest import QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 
 EPISODE = {"task_text": "stack the blocks", "frames_npy": npy_b64(episode_frames(8, 64, 64))}
@@ -21,24 +21,34 @@ def test_three_503s_then_success(client, fake_qwen):
 def test_two_unparseable_replies_then_success(proxy_factory, fake_qwen, fake_primo, media_root):
     data = libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], media_root)
     data["backends"]["qwen2_5_vl_vllm"]["retry"]["parse_attempts"] = 3
-    data["backends"]["qwen2_5_vl_vllm"]["retry"]["parse_retry_temperature"] = 0.3
+    data["backends"]["qwen2_5_vl_vllm"]["retry"]["reask"] = {"temperature": 0.4, "top_p": 0.9}
     server = proxy_factory(settings_from_dict(data))
     fake_qwen.script({"reply": "I am not sure."}, {"reply": "between 30 and 40"}, {"reply": "<score>35</score>"})
     with httpx.Client(base_url=server.url, timeout=30) as http:
         response = http.post("/score", json=EPISODE)
     assert response.status_code == 200, response.text
-    assert response.json()["score"] == pytest.approx(0.35) and response.json()["attempts"] == 3
-    temperatures = [b["temperature"] for b in fake_qwen.chat_requests]
-    assert temperatures == [0.0, 0.3, 0.3]  # re-asks use the configured temperature
-    assert response.json()["sampling"]["temperature"] == 0.3  # provenance: what the scored reply had
+    result = response.json()
+    assert result["score"] == pytest.approx(0.35) and (result["attempts"], result["asks"]) == (3, 3)
+    sent = [(b["temperature"], b["top_p"], b["seed"]) for b in fake_qwen.chat_requests]
+    assert sent == [(0.0, 1.0, 0), (0.4, 0.9, 1), (0.4, 0.9, 2)]  # each re-ask can change the answer
+    assert (result["sampling"]["temperature"], result["sampling"]["seed"]) == (0.4, 2)  # what the scored reply had
+
+
+def test_a_reask_is_never_the_same_request(client, fake_qwen):
+    fake_qwen.script({"reply": "no idea"}, {"reply": "<score>20</score>"})
+    assert client.post("/score", json=EPISODE).status_code == 200
+    first, second = fake_qwen.chat_requests
+    assert first != second and second["temperature"] > 0 and second["seed"] != first["seed"]
+    assert first["messages"] == second["messages"]
 
 
 def test_unparseable_every_time_is_an_explicit_502_never_zero(client, fake_qwen):
-    fake_qwen.script({"reply": "no idea"}, {"reply": "still no idea"})
+    fake_qwen.script({"reply": "no idea"}, {"reply": "The robot reached step 2 of 3, 75% done."})
     response = client.post("/score", json=EPISODE)
     assert response.status_code == 502
     error = response.json()["error"]
-    assert error["code"] == "unparseable_score" and error["attempts"] == 2
+    assert error["code"] == "unparseable_score" and error["attempts"] == 2 and error["retryable"] is False
+    assert error["output_text"] == "The robot reached step 2 of 3, 75% done."  # what the model said
     assert "score" not in response.json()
 
 
@@ -121,8 +131,8 @@ def test_request_mm_kwargs_off_works_against_an_untrusting_server(
 
 
 def test_replica_failover_retries_on_the_other_endpoint(proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    first = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct")
-    second = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct")
+    first = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct", default_text=QWEN_REPLY)
+    second = fake_vllm_factory(served_model_name="Qwen2.5-VL-7B-Instruct", default_text=QWEN_REPLY)
     first.script(*[{"status": 503}] * 10)
     second.script(*[{"status": 503}] * 10)
     server = proxy_factory(settings_from_dict(

@@ -11,13 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.helpers import wait_until  # noqa: F401 - the tier's tests import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS_DIR = REPO / "prompts"
@@ -45,16 +46,6 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def stack_config(*, proxy_port: int, qwen_replicas: list[dict], primo_replicas: list[dict],

@@ -65,7 +65,7 @@ def test_up_assigns_gpus_waits_for_loading_runs_the_proxy_and_stops_everything(
     text = out.read_text()
     # Progress while Qwen loads, then ready lines, then the proxy.
     assert "waiting for 1 server(s); ready: PRIMO-R1-r0" in text
-    assert "qwen2_5_vl_vllm-r0: loading for" in text and "(port not open yet)" in text
+    assert "qwen2_5_vl_vllm-r0: loading for" in text and "(connection refused (not started, or still loading))" in text
     ready = re.search(rf"ready: qwen2_5_vl_vllm-r0 at http://127.0.0.1:{qwen} after ([\d.]+)s", text)
     assert ready and float(ready.group(1)) >= 2.0
     assert f"stack is up: qwen2_5_vl_vllm-r0, PRIMO-R1-r0, PRIMO-R1-r1; proxy at " \
@@ -155,7 +155,8 @@ def test_readiness_timeout_fails_and_stops_everything(tmp_path, fake_vllm_env, r
                         "--runs-dir", str(tmp_path / "runs"), *FAST,
                         **{f"FAKE_VLLM_DELAY_S_{qwen}": "30"})
     assert result.returncode == 1
-    assert "timed out after 1s waiting for qwen2_5_vl_vllm-r0 (port not open yet)" in result.stderr
+    assert ("timed out after 1s waiting for qwen2_5_vl_vllm-r0 (connection refused (not started, or still loading))"
+            in result.stderr)
     assert "loading /models/Qwen2.5-VL-7B-Instruct" in result.stderr  # its log's last lines
     for pid in fake_vllm_env.all_pids():
         assert not alive(pid), pid

@@ -1,90 +1,129 @@
-"""The score parser: every accepted form, the mode rules, and what must be an error."""
+"""The score parser: only the answer the template declares is a score; everything else is an error
+that carries the reply. Never a number found elsewhere in the text."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import ScoreParseError
-from proxy.parse import parse_score
+from proxy.parse import AnswerSpec, parse_score
+from proxy.scales import BINARY, PERCENTAGE, Scale
 
-TABLE = [
-    # text, mode, score, raw, source
-    ("<answer>85</answer>", "percentage", 0.85, 85, "answer_tag"),
-    ("<answer> 85% </answer>", "auto", 0.85, 85, "answer_tag"),
-    ("<answer>7/10</answer>", "auto", 0.7, 7, "answer_tag"),
-    ("<answer>yes</answer>", "binary", 1.0, 1, "answer_tag"),
-    ("<score>0.7</score>", "unit", 0.7, 0.7, "score_tag"),
-    ("<score>40</score>", "auto", 0.4, 40, "score_tag"),
-    ("Progress so far. [SCORE] 8/10", "auto", 0.8, 8, "score_marker"),
-    ("SCORE: 65", "percentage", 0.65, 65, "score_marker"),
-    ("Score: 7 out of 10", "percentage", 0.7, 7, "score_marker"),
-    ("My rating: [[0.9]]", "unit", 0.9, 0.9, "double_bracket"),
-    ("About 30% done.", "auto", 0.3, 30, "percent"),
-    ("3 out of 4 steps", "auto", 0.75, 3, "fraction"),
-    ("42", "percentage", 0.42, 42, "bare_number"),
-    ("0.25", "auto", 0.25, 0.25, "bare_number"),
-    ("1", "binary", 1.0, 1, "bare_number"),
-    ("Yes, the bowl is on the plate.", "binary", 1.0, 1, "yes_no"),
-    ("Failure.", "binary", 0.0, 0, "yes_no"),
-    ("No, the bowl fell off.", "binary", 0.0, 0, "yes_no"),
+ANSWER_0_100 = AnswerSpec(tags=("answer",), untagged=False, scale=PERCENTAGE)  # PRIMO-R1
+BARE_1_100 = AnswerSpec(tags=(), untagged=True, scale=Scale(1, 100))  # the seed's Qwen prompt
+SCORE_0_10 = AnswerSpec(tags=("score",), untagged=False, scale=Scale(0, 10))
+STARS_1_5 = AnswerSpec(tags=("answer",), untagged=False, scale=Scale(1, 5, zero=1))
+VERDICT = AnswerSpec(tags=("answer",), untagged=True, scale=BINARY)
+REASONING = ("<think><planning>3 steps, 100 cm</planning><observation>moved 12 cm, frame 7"
+             "</observation><reasoning>2 of 3 done: 66</reasoning></think>")
+
+SCORES = [
+    # reply, spec, score_mode, score, source
+    ("<answer>85</answer>", ANSWER_0_100, "auto", 0.85, "answer_tag"),
+    ("<answer> 85% </answer>", ANSWER_0_100, "auto", 0.85, "answer_tag"),
+    ("<answer>\n60\n</answer>", ANSWER_0_100, "auto", 0.60, "answer_tag"),
+    ("<ANSWER>42.5</ANSWER>", ANSWER_0_100, "auto", 0.425, "answer_tag"),
+    (REASONING + "<answer>60</answer>", ANSWER_0_100, "auto", 0.60, "answer_tag"),
+    ("half done</think><answer>50</answer>", ANSWER_0_100, "auto", 0.50, "answer_tag"),  # orphan </think>
+    ("<answer>0</answer>", ANSWER_0_100, "auto", 0.0, "answer_tag"),
+    ("<answer>100</answer>", ANSWER_0_100, "auto", 1.0, "answer_tag"),
+    ("<answer>0.7</answer>", ANSWER_0_100, "unit", 0.7, "answer_tag"),  # score_mode picks the scale
+    ("<answer>1</answer>", ANSWER_0_100, "percentage", 0.01, "answer_tag"),
+    ("<answer>2</answer>", ANSWER_0_100, "percentage", 0.02, "answer_tag"),
+    ("75", BARE_1_100, "auto", 0.75, "untagged"),
+    ("75.", BARE_1_100, "auto", 0.75, "untagged"),
+    ("  1\n", BARE_1_100, "auto", 0.01, "untagged"),  # "1" and "2" on the same scale
+    ("2", BARE_1_100, "auto", 0.02, "untagged"),
+    ("<score>7</score>", SCORE_0_10, "auto", 0.7, "score_tag"),
+    ("<score>7/10</score>", SCORE_0_10, "auto", 0.7, "score_tag"),
+    ("<answer>1</answer>", STARS_1_5, "auto", 0.0, "answer_tag"),
+    ("<answer>4</answer>", STARS_1_5, "auto", 0.75, "answer_tag"),
+    ("<answer>yes</answer>", VERDICT, "auto", 1.0, "answer_tag"),
+    ("No.", VERDICT, "auto", 0.0, "untagged"),
+    ("<answer>1</answer>", VERDICT, "auto", 1.0, "answer_tag"),
+]
+
+ERRORS = [
+    # reply, spec, score_mode, what the message says
+    ("Task failed at frame 12.", ANSWER_0_100, "percentage", "no answer tag"),
+    ("The robot is at step 2 of the task.", ANSWER_0_100, "percentage", "no answer tag"),
+    ("Before I give a score: 16 frames were shown. Final: 90%", ANSWER_0_100, "percentage", "no answer tag"),
+    ("Only 1/4 subgoals done, yet I estimate 75%", ANSWER_0_100, "percentage", "no answer tag"),
+    ("<answer>60</answer> wait, actually <answer>20</answer>", ANSWER_0_100, "percentage", "2 answer tags"),
+    ("", ANSWER_0_100, "auto", "empty"),
+    ("<answer></answer>", ANSWER_0_100, "auto", "not one number"),
+    ("<answer>unclear</answer>", ANSWER_0_100, "auto", "not one number"),
+    ("<answer>60 (most steps done)</answer>", ANSWER_0_100, "auto", "not one number"),
+    ("<answer>30 or 40</answer>", ANSWER_0_100, "auto", "not one number"),
+    ("<answer>150</answer>", ANSWER_0_100, "auto", "not one number"),  # out of range: never clamped
+    ("<answer>-5</answer>", ANSWER_0_100, "auto", "not one number"),
+    ("<answer>60", ANSWER_0_100, "auto", "never closed"),
+    (REASONING, ANSWER_0_100, "auto", "reasoning and no answer"),  # numbers in reasoning are never a fallback
+    ("<think>it is 80 percent done", ANSWER_0_100, "auto", "reasoning and no answer"),  # cut inside the reasoning
+    ("<answer>yes</answer>", ANSWER_0_100, "auto", "not one number"),  # a verdict on a numeric scale
+    ("<answer>1.5</answer>", ANSWER_0_100, "unit", "not one number"),
+    ("9ormalDistw", BARE_1_100, "auto", "not one number"),  # random weights, cut at max_tokens
+    ("Score: 75", BARE_1_100, "auto", "not one number"),
+    ("75 percent", BARE_1_100, "auto", "not one number"),
+    ("0", BARE_1_100, "auto", "not one number"),  # below the 1-100 scale
+    ("<score>7/5</score>", SCORE_0_10, "auto", "not one number"),
+    ("<score>70%</score>", SCORE_0_10, "auto", "not one number"),  # % only on 0-100 scales
+    ("<answer>0</answer>", STARS_1_5, "auto", "not one number"),
+    ("No, I cannot see the video.", VERDICT, "auto", "not one number"),
+    ("<answer>0.4</answer>", VERDICT, "auto", "not one number"),
 ]
 
 
-@pytest.mark.parametrize(("text", "mode", "score", "raw", "source"), TABLE)
-def test_table(text, mode, score, raw, source):
-    parsed = parse_score(text, mode)
+@pytest.mark.parametrize(("text", "spec", "mode", "score", "source"), SCORES)
+def test_declared_answers_are_scores(text, spec, mode, score, source):
+    parsed = parse_score(text, spec, mode)
     assert parsed.score == pytest.approx(score)
-    assert parsed.raw_score == pytest.approx(raw)
     assert parsed.source == source
 
 
-def test_numbers_in_reasoning_never_win():
-    text = ("<think><planning>3 steps, 100 cm</planning><observation>moved 12 cm</observation>"
-            "<reasoning>2 of 3 done: 66</reasoning></think><answer>60</answer>")
-    assert parse_score(text, "percentage").score == pytest.approx(0.6)
-    # no tag after the reasoning: the reasoning's numbers are not a fallback
-    with pytest.raises(ScoreParseError):
-        parse_score("<think>it is 80 percent done</think> hmm", "percentage")
-
-
-def test_reply_that_starts_inside_the_reasoning_ignores_it():
-    # templates that open <think> in the prompt: the reply holds only the closing tag
-    assert parse_score("reasoning: 50% done</think> Final: 80", "percentage").score == pytest.approx(0.8)
-
-
-def test_truncated_reasoning_is_a_parse_failure_that_says_why():
-    text = "<think><planning>1. grasp the bowl 2. place it at 45 degrees"
-    with pytest.raises(ScoreParseError, match="finish_reason=length") as err:
-        parse_score(text, "percentage", finish_reason="length")
+@pytest.mark.parametrize(("text", "spec", "mode", "says"), ERRORS)
+def test_everything_else_is_an_error_carrying_the_reply(text, spec, mode, says):
+    with pytest.raises(ScoreParseError, match=says) as err:
+        parse_score(text, spec, mode)
     assert err.value.output_text == text
+    assert err.value.code == "unparseable_score"
 
 
-@pytest.mark.parametrize("text", [
-    "", "I cannot tell.", "maybe 30 or 40", "<answer>unclear</answer>",
-    "<answer>150</answer>",  # out of range is not clamped
-    "no idea", "Not sure.", "The robot did not succeed or fail clearly",
-    "No, I cannot see any video.",  # a refusal is not a verdict outside binary mode
-])
-def test_unparseable_is_an_error_never_zero(text):
-    with pytest.raises(ScoreParseError):
-        parse_score(text, "percentage")
+def test_the_table_is_half_errors():
+    assert len(SCORES) + len(ERRORS) >= 40 and len(ERRORS) >= len(SCORES)
 
 
-def test_binary_mode_refuses_a_fraction():
-    with pytest.raises(ScoreParseError, match="binary"):
-        parse_score("<answer>0.4</answer>", "binary")
+def test_a_reply_cut_at_max_tokens_is_an_error_even_with_an_answer():
+    with pytest.raises(ScoreParseError, match="finish_reason=length") as err:
+        parse_score("<answer>60</answer> and then it kept go", ANSWER_0_100, finish_reason="length")
+    assert err.value.finish_reason == "length"
+
+
+def test_the_error_names_what_the_template_asked_for():
+    with pytest.raises(ScoreParseError, match=r"one number on the 0-100 scale in <answer>…</answer>"):
+        parse_score("hmm", ANSWER_0_100)
+
+
+def test_no_mode_reads_one_and_two_on_different_scales():
+    for mode in ("auto", "percentage", "unit"):
+        try:
+            one = parse_score("<answer>1</answer>", ANSWER_0_100, mode).score
+            two = parse_score("<answer>2</answer>", ANSWER_0_100, mode).score
+        except ScoreParseError:
+            continue  # "2" is off the 0-1 scale: an error, not another scale
+        assert two == pytest.approx(2 * one)
 
 
 @given(st.integers(0, 100))
-def test_any_percentage_in_answer_tag_round_trips(value):
-    parsed = parse_score(f"<think>stuff 999</think><answer>{value}</answer>", "percentage")
+def test_any_percentage_in_the_answer_tag_round_trips(value):
+    parsed = parse_score(f"{REASONING}<answer>{value}</answer>", ANSWER_0_100)
     assert parsed.score == pytest.approx(value / 100)
 
 
 @given(st.text(max_size=300))
 def test_never_returns_out_of_range(text):
     try:
-        parsed = parse_score(text, "auto")
+        parsed = parse_score(text, ANSWER_0_100)
     except ScoreParseError:
         return
     assert 0.0 <= parsed.score <= 1.0

@@ -35,11 +35,12 @@ async def test_half_open_lets_exactly_one_trial_in():
     pool = _pool(1)
     endpoint = pool.endpoints[0]
     old = await pool.reserve()  # in flight since before the circuit opened
-    pool.record_failure(endpoint)
-    pool.record_failure(endpoint)
+    pool.record_failure(endpoint, cause="upstream_unavailable: 503")
+    pool.record_failure(endpoint, cause="upstream_unavailable: 503")
     assert endpoint.state() == "open"
-    with pytest.raises(UpstreamUnavailable):
+    with pytest.raises(UpstreamUnavailable, match="503 \\(2 in a row\\)") as err:
         await pool.reserve()  # open and cooling down: nothing alive
+    assert err.value.retryable  # nothing was sent: the caller may ask again
     endpoint.open_until = time.monotonic() - 1  # cool-down over: half-open
     trial = await pool.reserve()
     assert trial.trial
@@ -47,3 +48,14 @@ async def test_half_open_lets_exactly_one_trial_in():
     assert pool._choose(set()) is None
     pool.release(trial, ok=True)  # the trial succeeds: circuit closed
     assert endpoint.state() == "closed"
+
+
+def test_probe_failures_count_towards_the_circuit_like_request_failures():
+    pool = _pool(1)  # circuit.failures = 2
+    endpoint = pool.endpoints[0]
+    pool.record_probe(endpoint, False, "/health answered 503")
+    assert endpoint.state() == "closed"  # one hiccup does not take it out of rotation
+    pool.record_probe(endpoint, False, "/health answered 503")
+    assert endpoint.state() == "open" and "health probe: /health answered 503" in endpoint.last_failure
+    pool.record_probe(endpoint, True, None)
+    assert endpoint.state() == "closed" and endpoint.consecutive_failures == 0

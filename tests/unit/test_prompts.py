@@ -9,6 +9,7 @@ from proxy.errors import PromptTemplateError, TemplateVariableError
 from proxy.prompts import PromptStore
 
 REPO = Path(__file__).resolve().parents[2]
+ANSWER = "answer: {tags: [answer], scale: {min: 0, max: 100}}\n"
 
 
 def test_shipped_templates_render_the_task():
@@ -31,7 +32,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def test_missing_variable_is_a_422_naming_it(tmp_path):
-    _write(tmp_path / "t.yaml", "variables: {task_text: {}, scene: {}}\nuser: '${task_text} in ${scene}'\n")
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}, scene: {}}\nuser: '${task_text} in ${scene}'\n" + ANSWER)
     template = PromptStore(tmp_path).get("t")
     with pytest.raises(TemplateVariableError) as err:
         template.render({"task_text": "x"})
@@ -39,23 +40,24 @@ def test_missing_variable_is_a_422_naming_it(tmp_path):
 
 
 def test_optional_variable_takes_its_default(tmp_path):
-    _write(tmp_path / "t.yaml", "variables: {task_text: {}, hint: {default: none}}\nuser: '${task_text}/${hint}'\n")
+    _write(tmp_path / "t.yaml",
+           "variables: {task_text: {}, hint: {default: none}}\nuser: '${task_text}/${hint}'\n" + ANSWER)
     assert PromptStore(tmp_path).get("t").render({"task_text": "a"})[1] == "a/none"
 
 
 def test_undeclared_variable_is_refused_at_load(tmp_path):
-    _write(tmp_path / "t.yaml", "variables: {task_text: {}}\nuser: '${task_text} ${oops}'\n")
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}}\nuser: '${task_text} ${oops}'\n" + ANSWER)
     with pytest.raises(PromptTemplateError, match="oops"):
         PromptStore(tmp_path).get("t")
 
 
 def test_edit_applies_to_the_next_get_and_changes_the_hash(tmp_path):
     path = tmp_path / "t.yaml"
-    _write(path, "variables: {task_text: {}}\nuser: 'v1 ${task_text}'\n")
+    _write(path, "variables: {task_text: {}}\nuser: 'v1 ${task_text}'\n" + ANSWER)
     store = PromptStore(tmp_path)
     first = store.get("t")
     assert store.get("t") is first  # cached while unchanged
-    _write(path, "variables: {task_text: {}}\nuser: 'v2 ${task_text}'\n")
+    _write(path, "variables: {task_text: {}}\nuser: 'v2 ${task_text}'\n" + ANSWER)
     second = store.get("t")
     assert second.render({"task_text": "x"})[1] == "v2 x"
     assert second.sha256 != first.sha256
@@ -64,3 +66,26 @@ def test_edit_applies_to_the_next_get_and_changes_the_hash(tmp_path):
 def test_names_cannot_escape_the_directory(tmp_path):
     with pytest.raises(PromptTemplateError):
         PromptStore(tmp_path).get("../secrets")
+
+
+def test_a_template_must_declare_its_answer(tmp_path):
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}}\nuser: 'rate ${task_text}'\n")
+    with pytest.raises(PromptTemplateError, match="answer must be declared"):
+        PromptStore(tmp_path).get("t")
+    _write(tmp_path / "t.yaml",
+           "variables: {task_text: {}}\nuser: 'x'\nanswer: {tags: [answer], scale: {min: 5, max: 1}}\n")
+    with pytest.raises(PromptTemplateError, match="scale"):
+        PromptStore(tmp_path).get("t")
+
+
+def test_a_duplicated_key_is_refused_naming_it_and_its_line(tmp_path):
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}}\nuser: 'a ${task_text}'\nuser: 'b'\n" + ANSWER)
+    with pytest.raises(PromptTemplateError, match=r"duplicate key 'user' at line 3"):
+        PromptStore(tmp_path).get("t")
+
+
+def test_rendered_text_has_no_trailing_whitespace(tmp_path):
+    _write(tmp_path / "t.yaml", "variables: {task_text: {}}\nsystem: |\n  judge\n\nuser: |\n  rate ${task_text}\n"
+           + ANSWER)
+    system, user = PromptStore(tmp_path).get("t").render({"task_text": "x"})
+    assert (system, user) == ("judge", "rate x")

@@ -4,7 +4,7 @@ import pytest
 
 from proxy.config import RetryConfig
 from proxy.errors import MediaKwargsRefused, ScoreParseError, UpstreamTimeout, UpstreamUnavailable
-from proxy.retry import _Deadline, _wait_strategy, call_with_retries
+from proxy.retry import Deadline, _wait_strategy, call_with_retries
 
 FAST = RetryConfig(attempts=4, parse_attempts=2, backoff_s=(0.001, 0.002), deadline_s=5)
 
@@ -15,6 +15,7 @@ def _scripted(outcomes):
 
     async def send(attempt):
         seen.append(attempt)
+        attempt.sent = True  # as Backend.call does once it holds an endpoint
         outcome = outcomes.pop(0)
         if isinstance(outcome, Exception):
             raise outcome
@@ -83,5 +84,34 @@ def test_wait_honours_retry_after_but_not_past_the_deadline():
                 return UpstreamUnavailable("busy", retry_after_s=2.0)
 
     cfg = RetryConfig(backoff_s=(0.01, 1.0))
-    assert _wait_strategy(cfg, _Deadline(60))(State) == pytest.approx(2.0)
-    assert _wait_strategy(cfg, _Deadline(0.5))(State) <= 0.5
+    assert _wait_strategy(cfg, Deadline(RetryConfig(deadline_s=60)))(State) == pytest.approx(2.0)
+    assert _wait_strategy(cfg, Deadline(RetryConfig(deadline_s=0.5)))(State) <= 0.5
+
+
+def test_the_callers_budget_caps_the_deadline_with_a_margin_to_answer():
+    cfg = RetryConfig(deadline_s=300)
+    assert Deadline(cfg).left() == pytest.approx(300, abs=1)
+    capped = Deadline(cfg, budget_s=20)
+    assert 18.5 < capped.left() <= 19.0 and "budget of 20s" in capped.why
+    assert Deadline(cfg, budget_s=1000).left() == pytest.approx(300, abs=1)  # the config's is shorter
+
+
+async def test_a_budget_ends_retries_before_the_caller_gives_up():
+    cfg = RetryConfig(attempts=50, parse_attempts=1, backoff_s=(0.05, 0.05), deadline_s=300)
+    send, seen = _scripted([UpstreamUnavailable("down")] * 50)
+    with pytest.raises((UpstreamUnavailable, UpstreamTimeout)):
+        await call_with_retries(cfg, send, _parse, budget_s=0.3)
+    assert len(seen) < 50 and all(a.timeout_s < 0.3 for a in seen)
+
+
+async def test_a_failure_before_any_upstream_call_is_retryable_and_counts_no_attempt():
+    async def never_reaches_vllm(attempt):
+        raise UpstreamUnavailable("every endpoint is out of rotation")  # the pool refused: not sent
+
+    with pytest.raises(UpstreamUnavailable) as err:
+        await call_with_retries(FAST, never_reaches_vllm, _parse)
+    assert err.value.attempts == 0 and err.value.retryable is True
+    send, _ = _scripted([UpstreamUnavailable("down")] * 4)
+    with pytest.raises(UpstreamUnavailable) as err:
+        await call_with_retries(FAST, send, _parse)
+    assert err.value.attempts == 4 and err.value.retryable is False  # vLLM was called: not again

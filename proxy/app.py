@@ -1,0 +1,100 @@
+"""`create_app(settings)`: the FastAPI app, wired from plain objects. Routes are in routes.py,
+the error mapping in http_errors.py, the edge concerns in edge.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from proxy.backends import BackendRegistry
+from proxy.config import Settings
+from proxy.edge import Edge
+from proxy.errors import ConfigError, ProxyError
+from proxy.health import Prober
+from proxy.http_errors import install_handlers
+from proxy.observe import AuditLog, Metrics
+from proxy.passthrough import ChatPassthrough
+from proxy.prompts import PromptStore
+from proxy.routes import router
+from proxy.scoring import Scorer
+from proxy.shutdown import ShutdownGate
+from proxy.upstream import UpstreamClient, open_http_clients
+
+log = logging.getLogger("vlm_reward_proxy")
+
+
+def _check_prompts(settings: Settings, prompts: PromptStore) -> None:
+    for name, backend in settings.backends.items():
+        try:
+            prompts.get(backend.prompt)
+        except ProxyError as err:
+            raise ConfigError(f"backends.{name}.prompt: {err.message}") from err
+
+
+def _warn_unready(prober: Prober, registry: BackendRegistry) -> None:
+    """One WARNING per backend nobody serves yet, with the next step."""
+    for backend in registry.backends.values():
+        results = [prober.readiness(backend.name, e.base_url) for e in backend.pool.endpoints]
+        if not any(r.ready for r in results):
+            log.warning("backend %r is not reachable yet (%s). Start its vLLM servers "
+                        "(`vlm-reward-proxy up --config …` or launchers/), or run `make demo` to try "
+                        "the proxy without a GPU; /health shows when it becomes ready.", backend.name,
+                        "; ".join(f"{e.base_url}: {r.reason}" for e, r in zip(backend.pool.endpoints, results,
+                                                                               strict=True)))
+
+
+def create_app(settings: Settings) -> FastAPI:
+    prompts = PromptStore(settings.proxy.prompts_dir)
+    _check_prompts(settings, prompts)
+    for warning in settings.warnings():
+        log.warning(warning)
+    api_key = settings.proxy_api_key()
+    if settings.proxy.api_key_env and not api_key:
+        raise ConfigError(f"proxy.api_key_env names {settings.proxy.api_key_env!r}, which is unset or empty")
+    metrics = Metrics()
+    gate = ShutdownGate()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(c) for c in open_http_clients()]
+            upstream = UpstreamClient(clients)
+            registry = BackendRegistry(settings)
+            prober = Prober(registry, lambda: upstream.http, interval_s=settings.proxy.health_interval_s,
+                            timeout_s=settings.proxy.health_timeout_s)
+            app.state.settings = settings
+            app.state.metrics = metrics
+            app.state.registry = registry
+            app.state.prober = prober
+            app.state.gate = gate
+            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics,
+                                      AuditLog(settings.proxy.audit_log))
+            app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
+            await prober.run_once()  # /health is true from the first request on
+            _warn_unready(prober, registry)
+            async with _background(prober.run_forever()):
+                yield
+
+    app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
+    app.include_router(router)
+    install_handlers(app)
+    app.add_middleware(Edge, max_bytes=int(settings.proxy.max_body_mb * 2**20), metrics=metrics, gate=gate,
+                       routes=frozenset(p for r in (*app.routes, *router.routes) if (p := getattr(r, "path", None))),
+                       api_key=api_key)
+    return app
+
+
+@asynccontextmanager
+async def _background(coro) -> AsyncIterator[None]:
+    task = asyncio.create_task(coro)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

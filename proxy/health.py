@@ -1,0 +1,111 @@
+"""Readiness of `vllm serve` endpoints: the one probe, used by the proxy and by `up`.
+
+An endpoint is ready when `GET /health` answers 200 and `GET /v1/models` (with the backend's
+API key: `vllm serve --api-key` guards /v1) lists the served model name. `probe` never raises.
+
+`Prober` runs it for every endpoint of every backend in the background: results feed each
+endpoint's circuit (a failed probe counts like a failed request) and are cached, so `GET
+/health` answers from the cache without calling upstream. The loop logs and survives anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+__all__ = ["Prober", "Readiness", "probe", "server_root"]
+
+log = logging.getLogger("vlm_reward_proxy.health")
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str | None = None  # why not, in words
+    checked_at: float = 0.0  # time.time() of the probe
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ready": self.ready, "reason": self.reason,
+                "checked_s_ago": round(max(0.0, time.time() - self.checked_at), 3)}
+
+
+def server_root(base_url: str) -> str:
+    """Where /health lives: vLLM serves it beside /v1, not under it."""
+    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+
+
+async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, timeout_s: float,
+                api_key: str | None = None) -> Readiness:
+    """`model=None` asks only that the server answers /health at all (the proxy itself, whose
+    /health is 503 while its backends load)."""
+    now = time.time()
+
+    def not_ready(reason: str) -> Readiness:
+        return Readiness(False, reason, now)
+
+    try:
+        health = await http.get(server_root(base_url) + "/health", timeout=timeout_s)
+        if model is None:
+            return Readiness(True, None, now)
+        if health.status_code != 200:
+            return not_ready(f"/health answered {health.status_code}")
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        models = await http.get(base_url + "/models", timeout=timeout_s, headers=headers)
+        if models.status_code == 401:
+            return not_ready("/v1/models answered 401: the backend's api_key_env does not hold "
+                             "the server's --api-key")
+        if models.status_code != 200:
+            return not_ready(f"/v1/models answered {models.status_code}")
+        listed = models.json().get("data")
+        served = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else None
+    except httpx.ConnectError:
+        return not_ready("connection refused (not started, or still loading)")
+    except httpx.HTTPError as err:
+        return not_ready(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+    except (ValueError, AttributeError):
+        return not_ready("/v1/models did not answer a JSON model list")
+    if served is None:
+        return not_ready("/v1/models did not answer a model list")
+    if model not in served:
+        return not_ready(f"model {model!r} not served (serves {served})")
+    return Readiness(True, None, now)
+
+
+class Prober:
+    """Probe every endpoint every `interval_s`; keep the latest result per endpoint."""
+
+    def __init__(self, registry: Any, http_for: Any, *, interval_s: float, timeout_s: float) -> None:
+        self.registry = registry  # proxy.backends.BackendRegistry
+        self._http_for = http_for  # () -> httpx.AsyncClient
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.results: dict[tuple[str, str], Readiness] = {}  # (backend, endpoint url) -> latest
+
+    async def run_once(self) -> None:
+        checks = [(backend, endpoint) for backend in self.registry.backends.values()
+                  for endpoint in backend.pool.endpoints]
+        outcomes = await asyncio.gather(*(
+            probe(self._http_for(), endpoint.base_url, backend.config.model, timeout_s=self.timeout_s,
+                  api_key=backend.config.api_key())
+            for backend, endpoint in checks))
+        for (backend, endpoint), readiness in zip(checks, outcomes, strict=True):
+            self.results[(backend.name, endpoint.base_url)] = readiness
+            backend.pool.record_probe(endpoint, readiness.ready, readiness.reason)
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad round
+                log.exception("health probe round failed; probing again in %gs", self.interval_s)
+
+    def readiness(self, backend: str, endpoint: str) -> Readiness:
+        return self.results.get((backend, endpoint), Readiness(False, "not probed yet"))

@@ -1,0 +1,65 @@
+"""The one error → HTTP mapping: every error answer of the proxy is built here.
+
+Shape: `{"error": {"code", "message", "retryable", "attempts"?, "field"?, "request_id", ...}}`
+with the status from vlm_protocol.errors, `x-request-id`, `Retry-After` on every 429/503 and
+`Allow` on 405. Framework refusals (unknown route, wrong method, a body that is not JSON or does
+not fit the schema) are translated into the same tree; `Edge` answers anything unexpected as
+`internal_error`. Each answer notes its code (and backend, when one was resolved) in the
+request's scope for the request counter.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
+
+from proxy.errors import InvalidRequest, MethodNotAllowed, ProxyError, RouteNotFound
+from proxy.schemas import validation_error
+from vlm_protocol.wire import REQUEST_ID_HEADER
+
+__all__ = ["error_response", "install_handlers"]
+
+
+def error_response(err: ProxyError, scope: Scope) -> JSONResponse:
+    state = scope.setdefault("state", {})
+    request_id = state.get("request_id")
+    state["error_code"] = err.code
+    backend = getattr(err, "backend", None)
+    if backend is not None:
+        state.setdefault("backend", backend)
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else {}
+    if err.status_code in (429, 503):
+        # Always say when to come back; a server's own Retry-After wins when it gave one.
+        retry_after = getattr(err, "retry_after_s", None)
+        headers["retry-after"] = str(max(1, round(retry_after if retry_after is not None else 1)))
+    if isinstance(err, MethodNotAllowed) and err.allow:
+        headers["allow"] = err.allow
+    return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
+
+
+def _from_http_exception(exc: StarletteHTTPException) -> ProxyError:
+    if exc.status_code == 404:
+        return RouteNotFound("no such route")
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+        return MethodNotAllowed("method not allowed on this route" + (f"; allowed: {allow}" if allow else ""),
+                                allow=allow)
+    # e.g. invalid UTF-8 or nesting too deep for the JSON parser: as bad input as malformed JSON
+    return InvalidRequest(f"the request body could not be read: {exc.detail}", field="body")
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProxyError)
+    async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        return error_response(exc, request.scope)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(_from_http_exception(exc), request.scope)
+
+    @app.exception_handler(RequestValidationError)
+    async def schema_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(list(exc.errors())), request.scope)

@@ -1,0 +1,320 @@
+"""The client's scheduling, owned by one object: request slots, body building and packing.
+
+    episodes ──build (a thread; at most MAX_BODIES_IN_MEMORY bodies alive)──► ready bodies
+    ready bodies ──packed into a batch (or one /score)──► request, holding a slot ──► results
+
+- A request slot (`max_concurrency` of them, shared by every call on the client) is held only
+  while an HTTP request is in flight. Building never waits for a slot. Packing fills a batch
+  until it is full, the episodes are all built, or building waits for memory — then it is
+  sent, once a slot is free. In-flight requests wait on nothing, so they always finish and free
+  slots and bodies: no number of episodes, big or small, can deadlock it.
+- One deadline per call: `timeout` from the call's start. Every episode comes back scored or
+  explicitly failed by then (plus a small margin for the last answers to land), whatever the
+  number of episodes; episodes still waiting when it passes fail with `timeout`.
+- Retried (by the transport, or here for batch items): only what the proxy marks retryable and
+  what never reached it, and never past the deadline.
+- Any error or cancellation releases every slot and body it took and deletes temp MP4s.
+- The failure policy is `EpisodeScore` for every episode, or — with `fail_on_request_error` —
+  the first failure raised (the rest cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass
+
+from rlinf_client import _constants as C
+from rlinf_client._base_client import (
+    ScoreRequestBody,
+    TransportCore,
+    build_request_body_async,
+    parse_score_body,
+    retry_delay,
+    timeout_error,
+)
+from rlinf_client._batch import REFUSED_AS_A_WHOLE, BatchSupport, batch_body, batch_items
+from rlinf_client._exceptions import (
+    APIStatusError,
+    FramesError,
+    RewardAPIError,
+    RewardClientError,
+    make_status_error,
+)
+from rlinf_client._types import ClientStats, Episode, EpisodeScore
+
+log = logging.getLogger("rlinf_client")
+
+__all__ = ["Scheduler"]
+
+
+Outcome = tuple[float, dict] | RewardClientError  # (score, the proxy's answer) or the error
+
+
+@dataclass
+class _Pending:
+    """An episode whose body is built and whose result is not final yet."""
+
+    index: int
+    body: ScoreRequestBody
+    started: float  # perf_counter when its body was ready
+    attempts: int = 0  # HTTP requests that carried it
+    released: bool = False
+
+
+class _Stop(Exception):
+    """fail_on_request_error: the first failure ends the call."""
+
+    def __init__(self, error: RewardClientError) -> None:
+        self.error = error
+
+
+class _ReadyBodies:
+    """Built bodies waiting to be sent, and when to stop packing them into a batch: the batch
+    is full, the builder is done, or the builder waits for memory (only sending frees it)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[_Pending] = collections.deque()
+        self._changed = asyncio.Condition()
+        self._closed = self._starved = False
+
+    async def put(self, pending: _Pending) -> None:
+        async with self._changed:
+            self._items.append(pending)
+            self._changed.notify_all()
+
+    async def set_starved(self, starved: bool) -> None:
+        async with self._changed:
+            self._starved = starved
+            self._changed.notify_all()
+
+    async def close(self) -> None:
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    async def take(self, cap: int) -> list[_Pending] | None:
+        """The next group of up to `cap` bodies (and DEFAULT_MAX_BATCH_BYTES); None at the end."""
+        async with self._changed:
+            group: list[_Pending] = []
+            size = 0
+            while True:
+                while self._items and len(group) < cap and (
+                        not group or size + self._items[0].body.size <= C.DEFAULT_MAX_BATCH_BYTES):
+                    size += self._items[0].body.size
+                    group.append(self._items.popleft())
+                full = len(group) >= cap or bool(self._items)  # count or bytes
+                if group and (full or self._closed or self._starved):
+                    return group
+                if not group and self._closed:
+                    return None
+                await self._changed.wait()
+
+
+class Scheduler:
+    def __init__(self, core: TransportCore, stats: ClientStats) -> None:
+        self.core = core
+        self.cfg = core.cfg
+        self.stats = stats
+        self.batch = BatchSupport(self.cfg.batch)
+        self._slots = asyncio.Semaphore(self.cfg.max_concurrency)
+        self._bodies = asyncio.Semaphore(C.MAX_BODIES_IN_MEMORY)
+
+    # -- the one entry point ---------------------------------------------------------------------
+    async def run(self, episodes: list[Episode]) -> list[EpisodeScore]:
+        if not episodes:
+            return []
+        call_started = time.perf_counter()
+        deadline = time.monotonic() + self.cfg.timeout
+        results: list[EpisodeScore | None] = [None] * len(episodes)
+        try:
+            async with asyncio.timeout(self.cfg.timeout + C.RETURN_MARGIN_S / 2):
+                use_batch = len(episodes) > 1 and await self.batch.available(self.core)
+                await self._schedule(episodes, results, deadline, use_batch)
+        except TimeoutError:
+            pass  # whatever is not final below fails with `timeout`
+        except _Stop as stop:
+            raise stop.error from None
+        for index, result in enumerate(results):
+            if result is None:
+                self._settle(episodes, results, index, timeout_error(self.cfg, 0), call_started,
+                             raise_policy=False)
+        if self.cfg.fail_on_request_error:
+            failed = next((r for r in results if r is not None and not r.ok), None)
+            if failed is not None:
+                raise failed.error  # type: ignore[misc]
+        return results  # type: ignore[return-value]
+
+    # -- building and sending --------------------------------------------------------------------
+    async def _schedule(self, episodes: list[Episode], results: list, deadline: float, use_batch: bool) -> None:
+        ready = _ReadyBodies()
+        taken: list[_Pending] = []  # every body built, released in the end whatever happened
+        cap = C.DEFAULT_MAX_BATCH_EPISODES if use_batch else 1
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._build(episodes, results, ready, taken))
+                while (group := await ready.take(cap if self.batch.supported else 1)) is not None:
+                    # Send once a request could go out; the slot itself is taken by the send.
+                    await self._slots.acquire()
+                    self._slots.release()
+                    tasks.create_task(self._send_until_final(episodes, results, group, deadline))
+        except* _Stop as stopped:
+            raise stopped.exceptions[0] from None
+        finally:
+            for pending in taken:
+                self._release(pending)
+
+    async def _build(self, episodes: list[Episode], results: list, ready: _ReadyBodies,
+                     taken: list[_Pending]) -> None:
+        """Bodies in episode order, at most MAX_BODIES_IN_MEMORY alive at once."""
+        try:
+            for index, episode in enumerate(episodes):
+                if self._bodies.locked():
+                    await ready.set_starved(True)  # packing must not wait for more: send what is ready
+                await self._bodies.acquire()
+                await ready.set_starved(False)
+                started = time.perf_counter()
+                try:
+                    body = await build_request_body_async(episode, self.cfg)
+                except BaseException as err:
+                    self._bodies.release()
+                    if not isinstance(err, FramesError):
+                        raise
+                    self._settle(episodes, results, index, err, started)
+                    continue
+                pending = _Pending(index, body, started)
+                taken.append(pending)
+                await ready.put(pending)
+        finally:
+            await ready.close()
+
+    async def _send_until_final(self, episodes: list[Episode], results: list, group: list[_Pending],
+                                deadline: float) -> None:
+        """Send a group (one batch, or one /score each) and send its retryable items again,
+        until every item is final or the deadline is too near."""
+        tries = 0
+        while group:
+            tries += 1
+            outcomes = await self._send(group, deadline)
+            retry = [(p, o) for p, o in zip(group, outcomes, strict=True) if _retry_item(o)]
+            for pending, outcome in zip(group, outcomes, strict=True):
+                if not _retry_item(outcome):
+                    self._finish(episodes, results, pending, outcome)
+            if not retry:
+                return
+            waits = [o.error.retry_after for _, o in retry if o.error.retry_after is not None]
+            delay = retry_delay(tries, max(waits) if waits else None)
+            if tries > self.cfg.max_retries or time.monotonic() + delay >= deadline:
+                for pending, outcome in retry:
+                    self._finish(episodes, results, pending, outcome)
+                return
+            self.stats.retries += 1
+            await asyncio.sleep(delay)
+            group = [pending for pending, _ in retry]
+
+    async def _send(self, group: list[_Pending], deadline: float) -> list[Outcome]:
+        """One request for the group (each request holds a slot only while in flight). Per item:
+        (score, answer), or the error it got. A whole request is retried by the transport; an item
+        of a batch answered retryable (`_ItemError`) is sent again by `_send_until_final`."""
+        if len(group) == 1 or not self.batch.supported:
+            return list(await asyncio.gather(*(self._send_one(p, deadline) for p in group)))
+        try:
+            async with self._slots:
+                answer, attempts = await self.core.post_json(
+                    self.cfg.batch_url, batch_body([p.body.payload for p in group]), deadline)
+        except APIStatusError as err:
+            if err.status_code in REFUSED_AS_A_WHOLE:
+                self.batch.disable(f"the proxy refused a batch: {err}")
+                return await self._send(group, deadline)
+            return self._same_for_all(group, err)
+        except RewardAPIError as err:
+            return self._same_for_all(group, err)
+        items = batch_items(answer, len(group))
+        if items is None:
+            self.batch.disable("its answer has no 'results' list of the right length")
+            return await self._send(group, deadline)
+        for pending in group:
+            pending.attempts += attempts
+        return [_item_outcome(item, p.attempts) for p, item in zip(group, items, strict=True)]
+
+    async def _send_one(self, pending: _Pending, deadline: float) -> Outcome:
+        try:
+            async with self._slots:
+                answer, attempts = await self.core.post_json(self.cfg.score_url, pending.body.to_bytes(),
+                                                             deadline)
+        except RewardAPIError as err:
+            pending.attempts += err.attempts
+            return err
+        pending.attempts += attempts
+        try:
+            return parse_score_body(answer, pending.attempts), answer
+        except RewardAPIError as err:
+            return err
+
+    @staticmethod
+    def _same_for_all(group: list[_Pending], err: RewardAPIError) -> list[Outcome]:
+        for pending in group:
+            pending.attempts += err.attempts
+        return [err] * len(group)
+
+    # -- results and the failure policy ----------------------------------------------------------
+    def _finish(self, episodes: list[Episode], results: list, pending: _Pending,
+                outcome: Outcome | _ItemError) -> None:
+        if isinstance(outcome, _ItemError):
+            outcome = outcome.error
+        self._release(pending)
+        self._settle(episodes, results, pending.index, outcome, pending.started, attempts=pending.attempts)
+
+    def _settle(self, episodes: list[Episode], results: list, index: int, outcome: Outcome, started: float, *,
+                attempts: int = 0, raise_policy: bool = True) -> None:
+        """Record an episode's final outcome; the failure policy applies here and nowhere else."""
+        if results[index] is not None:
+            return
+        latency_ms = (time.perf_counter() - started) * 1e3
+        if isinstance(outcome, tuple):
+            score, answer = outcome
+            result = EpisodeScore(ok=True, value=score, score=score, attempts=attempts, latency_ms=latency_ms,
+                                  response=answer)
+        else:
+            episode = episodes[index]
+            code = getattr(outcome, "code", "error")
+            result = EpisodeScore(ok=False, value=episode.fallback, reason=code, error=outcome,
+                                  attempts=attempts, latency_ms=latency_ms)
+            if not self.cfg.fail_on_request_error:
+                log.info("reward model failed (%s: %s) for %r; using fallback %s", code, outcome,
+                         episode.task_text[:80], episode.fallback)
+        results[index] = result
+        self.stats.record(result)
+        if not result.ok and self.cfg.fail_on_request_error and raise_policy:
+            raise _Stop(outcome)  # type: ignore[arg-type]
+
+    def _release(self, pending: _Pending) -> None:
+        if not pending.released:
+            pending.released = True
+            pending.body.discard(self.cfg.keep_temp_video)
+            self._bodies.release()
+
+
+class _ItemError(Exception):
+    """A batch item's own error: the rest of the batch was answered."""
+
+    def __init__(self, error: APIStatusError) -> None:
+        self.error = error
+
+
+def _retry_item(outcome: object) -> bool:
+    return isinstance(outcome, _ItemError) and outcome.error.retryable
+
+
+def _item_outcome(item: dict, attempts: int) -> Outcome | _ItemError:
+    if item.get("ok") is False or isinstance(item.get("error"), dict):
+        status = item.get("status") if isinstance(item.get("status"), int) else 502
+        return _ItemError(make_status_error(status, item, attempts=attempts))
+    result = item.get("result")
+    try:
+        return parse_score_body(result, attempts), result
+    except RewardAPIError as err:
+        return err
+

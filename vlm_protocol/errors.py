@@ -1,0 +1,61 @@
+"""Every error code the proxy answers with: its HTTP status and whether a client may retry it.
+
+The proxy's exception classes (proxy/errors.py) take their status from this table, and the
+client (rlinf_client) decides what to retry from it, so the two never disagree. An answer's
+body can override `retryable` for one instance (e.g. `upstream_unavailable` is retryable only
+when the proxy made no upstream call: every replica was out of rotation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CODES", "ErrorCode", "is_retryable", "status_of"]
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    code: str
+    status: int
+    retryable: bool  # may a client send the same request again (within its own deadline)?
+    meaning: str
+
+
+CODES: dict[str, ErrorCode] = {c.code: c for c in (
+    ErrorCode("invalid_request", 422, False, "a field is wrong; `field` names it"),
+    ErrorCode("media_not_found", 422, False, "video_path does not exist"),
+    ErrorCode("media_forbidden", 403, False, "video_path is outside proxy.allowed_media_roots"),
+    ErrorCode("media_decode_error", 422, False, "a video, image or npy that cannot be decoded"),
+    ErrorCode("template_variable", 422, False, "a variable the prompt template needs is missing"),
+    ErrorCode("token_budget", 422, False, "prompt + max_tokens would exceed the model's context"),
+    ErrorCode("unauthorized", 401, False, "missing or wrong bearer token"),
+    ErrorCode("unknown_backend", 404, False, "no backend of that name; the message lists them"),
+    ErrorCode("not_found", 404, False, "no such route"),
+    ErrorCode("method_not_allowed", 405, False, "the route exists, the method does not"),
+    ErrorCode("payload_too_large", 413, False, "body over proxy.max_body_mb"),
+    ErrorCode("overloaded", 429, True, "the backend's admission queue is full (Retry-After)"),
+    ErrorCode("shutting_down", 503, True, "the proxy is stopping; nothing was scored"),
+    ErrorCode("internal_error", 500, False, "a bug: logged with its traceback"),
+    ErrorCode("prompt_template_invalid", 500, False, "a template file broke after an edit"),
+    ErrorCode("upstream_error", 502, False, "vLLM failed"),
+    ErrorCode("upstream_unavailable", 503, False,
+              "vLLM unreachable or 429/5xx after the retry budget (retryable when no call was made)"),
+    ErrorCode("upstream_timeout", 504, False, "vLLM did not answer within the deadline"),
+    ErrorCode("upstream_rejected", 502, False, "vLLM refused the request (4xx)"),
+    ErrorCode("upstream_refuses_mm_kwargs", 502, False, "vLLM lacks --trust-request-mm-kwargs"),
+    ErrorCode("upstream_bad_response", 502, False, "vLLM answered something that is not a completion"),
+    ErrorCode("unparseable_score", 502, False, "the model's replies held no declared answer"),
+)}
+
+
+def status_of(code: str) -> int:
+    return CODES[code].status
+
+
+def is_retryable(code: str | None, status: int, explicit: bool | None = None) -> bool:
+    """Whether a client may retry an error answer: the answer's own word first, then the table;
+    an unknown code (another server in the way) is retried only for 429."""
+    if explicit is not None:
+        return explicit
+    known = CODES.get(code or "")
+    return known.retryable if known is not None else status == 429
