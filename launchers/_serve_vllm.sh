@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Shared by launchers/serve_*.sh (sourced, not run): parse the options, print the exact command,
 # then exec an unmodified `vllm serve`. The flags and their order are those of
-# proxy/launch/commands.py (`vlm-reward-proxy up`); tests/launchers checks that both agree.
+# launchers/commands.py (`vlm-reward-proxy up`); tests/launchers checks that both agree.
 #
 # The sourcing script sets: SCRIPT_NAME, MODEL_LABEL, MODEL_PATH_ENV, DEFAULT_SERVED_NAME,
 # DEFAULT_PORT, DEFAULT_LIMIT_MM, LAYOUT_NOTE.
@@ -31,7 +31,7 @@ GPUs and network:
   --host HOST                     default 127.0.0.1 (the proxy is the only client)
   --port PORT                     default $DEFAULT_PORT (the proxy endpoint http://HOST:PORT/v1)
 Engine:
-  --max-model-len N               default 32768
+  --max-model-len N               default 16384 (the seed's, and PRIMO-R1's evaluation's)
   --gpu-memory-utilization F      fraction of each GPU's memory, default 0.9
   --limit-mm-per-prompt JSON      default '$DEFAULT_LIMIT_MM' ($LAYOUT_NOTE)
   --seed N                        default 0
@@ -73,7 +73,7 @@ _quote() {
 
 serve_vllm() {
     local model_path="" gpus="" tp="" host="127.0.0.1" port=$DEFAULT_PORT
-    local served_name=$DEFAULT_SERVED_NAME max_model_len=32768 gpu_mem=0.9
+    local served_name=$DEFAULT_SERVED_NAME max_model_len=16384 gpu_mem=0.9
     local limit_mm=$DEFAULT_LIMIT_MM seed=0 dry_run=0
     local -a extra=()
     if [[ $# -gt 0 && $1 != -* ]]; then

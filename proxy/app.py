@@ -77,8 +77,13 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
             await prober.run_once()  # /health is true from the first request on
             _warn_unready(prober, registry)
-            async with _background(prober.run_forever()):
+            stop_probing = asyncio.Event()
+            probing = asyncio.create_task(prober.run_until(stop_probing))
+            try:
                 yield
+            finally:
+                stop_probing.set()
+                await probing
 
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
     app.include_router(router)
@@ -88,13 +93,3 @@ def create_app(settings: Settings) -> FastAPI:
                        api_key=api_key)
     return app
 
-
-@asynccontextmanager
-async def _background(coro) -> AsyncIterator[None]:
-    task = asyncio.create_task(coro)
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

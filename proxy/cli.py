@@ -37,7 +37,7 @@ def _optional_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Commands that live in other modules (launchers, RLinf curves), registered if installed."""
     registrars = []
     try:
-        from proxy.launch.cli import add_subcommands as add_stack
+        from launchers.cli import add_subcommands as add_stack
         registrars.append(add_stack)
     except ImportError:
         pass

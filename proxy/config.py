@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from proxy.errors import ConfigError
 from proxy.scales import SCORE_MODES
 from vlm_protocol import strict_yaml
+from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class ProxySettings(_Strict):
     # Background readiness polling of every endpoint (closes circuits of recovered replicas).
     health_interval_s: float = Field(5.0, gt=0)
     max_batch_items: PositiveInt = 512  # POST /score/batch
+    max_prompt_chars: PositiveInt = 16_384  # backend_kwargs system_prompt / user_prompt / prompt_template
     # Name of the env var holding a bearer token required on every route but /health.
     api_key_env: str | None = None
     # On SIGTERM/SIGINT: requests in flight get this long, then are answered 503 shutting_down.
@@ -81,26 +83,33 @@ class SamplingConfig(_Strict):
 
 
 class FramesConfig(_Strict):
+    """Which frames go to the model, at what size and what rate (vlm_protocol.frames has the rules)."""
+
     nframes: PositiveInt = 16
+    # Requests for more frames are clamped to this and say so (PRIMO-R1's evaluation: 22).
+    max_nframes: PositiveInt | None = None
+    # Per-frame budget, with qwen-vl-utils' meaning: it lowers the video rule's per-frame cap.
     max_pixels: PositiveInt = 200_704  # 256 * 28 * 28
-    min_pixels: PositiveInt = 3_136  # 4 * 28 * 28, Qwen2.5-VL's video floor
+    min_pixels: PositiveInt = VIDEO_MIN_PIXELS  # the video floor (qwen-vl-utils: 128 * 28 * 28)
+    video_max_pixels: PositiveInt = VIDEO_MAX_PIXELS
+    total_pixels: PositiveInt = VIDEO_TOTAL_PIXELS  # budget across all frames of one video
+    image_min_pixels: PositiveInt = IMAGE_MIN_PIXELS  # still images (PRIMO's first and last frame)
     jpeg_quality: int = Field(90, ge=1, le=100)
-    # Rate of inline frames when the request does not say (RLinf's seed used video_fps 4).
+    # The fps vLLM is told, the same whatever carries the frames (MP4 path, frames, frames_npy):
+    #   seed    the request's video_fps (the seed's client: 4), default_video_fps if absent;
+    #   episode the real rate of the frames sent (source fps x frames sent / source frames);
+    #   a number that rate.
+    presentation_fps: Literal["seed", "episode"] | Annotated[float, Field(gt=0)] = "seed"
+    default_video_fps: float = Field(4.0, gt=0)  # the seed's reward_model.video_fps
+    # Rate of inline frames when the request gives no fps (presentation_fps: episode only).
     default_source_fps: float = Field(4.0, gt=0)
-
-    @model_validator(mode="after")
-    def _pixels_ordered(self) -> FramesConfig:
-        if self.min_pixels > self.max_pixels:
-            raise ValueError("min_pixels must be <= max_pixels")
-        return self
-
-
 class ReaskConfig(_Strict):
     """How a re-ask after an unparseable reply differs from the first ask: it samples (temperature
     above 0, so greedy decoding cannot repeat the same reply) with seed + ask number."""
 
     temperature: float = Field(0.3, gt=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)  # None = the backend's own top_p
+    # Not the backend's own: PRIMO-R1's top_p 0.001 would make any temperature greedy again.
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
 
 
 class RetryConfig(_Strict):
@@ -136,6 +145,9 @@ class AdmissionConfig(_Strict):
 class ReplicaLaunch(_Strict):
     gpus: list[Annotated[int, Field(ge=0)]]
     port: int = Field(ge=1, le=65535)
+    # More environment for this replica only, over the backend's launch.env (e.g. a CPU server's
+    # VLLM_CPU_OMP_THREADS_BIND, so two replicas on one machine use different cores).
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class LaunchConfig(_Strict):
@@ -145,7 +157,7 @@ class LaunchConfig(_Strict):
     replicas: list[ReplicaLaunch] = Field(min_length=1)
     tensor_parallel_size: PositiveInt = 1
     host: str = "127.0.0.1"
-    max_model_len: PositiveInt = 32768
+    max_model_len: PositiveInt = 16384  # the seed's, and PRIMO-R1's evaluation's
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     limit_mm_per_prompt: dict[str, int] | None = None  # None = derived from the layout
     seed: int = 0

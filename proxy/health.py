@@ -97,13 +97,18 @@ class Prober:
             self.results[(backend.name, endpoint.base_url)] = readiness
             backend.pool.record_probe(endpoint, readiness.ready, readiness.reason)
 
-    async def run_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
+    async def run_until(self, stop: asyncio.Event) -> None:
+        """Probe every `interval_s` until `stop` is set. Stopping waits for the round in flight
+        (each probe is bounded by `timeout_s`) instead of cancelling it: a native cancel in the
+        middle of httpcore closing a dead connection leaves that connection's socket open."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+                return
+            except TimeoutError:
+                pass
             try:
                 await self.run_once()
-            except asyncio.CancelledError:
-                raise
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad round
                 log.exception("health probe round failed; probing again in %gs", self.interval_s)
 

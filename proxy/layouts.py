@@ -6,17 +6,18 @@
 
 Frames go as one `data:video/jpeg;base64,<f1>,<f2>,...` part, which vLLM splits on commas.
 Its loader keeps only `num_frames` pieces (32 by default) and assumes fps 1, so every request
-carries media_io_kwargs.video with num_frames = frames sent AND fps = the sampled rate: a
-request that sets only one of them drops the server's value of the other.
+carries media_io_kwargs.video with num_frames = frames sent AND fps = the presentation rate
+(FramesConfig.presentation_fps): a request that sets only one of them drops the server's value
+of the other. PRIMO-R1's two images are the first and last frame sized by the image rule.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from proxy.config import BackendConfig, SamplingConfig
-from proxy.media import PATCH_FACTOR, EncodedFrames
+from proxy.media import EncodedFrames
+from vlm_protocol.frames import vision_tokens
 
 
 def _video_part(b64_frames: list[str]) -> dict:
@@ -31,14 +32,14 @@ def _text_part(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
-def build_messages(layout: str, system: str | None, user_text: str, b64_frames: list[str]) -> list[dict]:
+def build_messages(layout: str, system: str | None, user_text: str, frames: EncodedFrames) -> list[dict]:
     if layout == "qwen_video":
-        content = [_video_part(b64_frames), _text_part(user_text)]
+        content = [_video_part(frames.base64_frames), _text_part(user_text)]
     elif layout == "primo_interleave":
-        content = [_image_part(b64_frames[0]), _video_part(b64_frames), _image_part(b64_frames[-1]),
-                   _text_part(user_text)]
+        first, last = frames.base64_stills
+        content = [_image_part(first), _video_part(frames.base64_frames), _image_part(last), _text_part(user_text)]
     elif layout == "images":
-        content = [*(_image_part(f) for f in b64_frames), _text_part(user_text)]
+        content = [*(_image_part(f) for f in frames.base64_frames), _text_part(user_text)]
     else:  # config validation makes this unreachable
         raise ValueError(f"unknown layout {layout!r}")
     messages = [{"role": "system", "content": system}] if system else []
@@ -50,8 +51,12 @@ def layout_has_video(layout: str) -> bool:
     return layout in ("qwen_video", "primo_interleave")
 
 
-def media_io_kwargs(frames: EncodedFrames) -> dict[str, Any]:
-    return {"video": {"num_frames": len(frames.jpegs), "fps": round(frames.sampled_fps, 6)}}
+def layout_has_stills(layout: str) -> bool:
+    return layout == "primo_interleave"
+
+
+def media_io_kwargs(frames: EncodedFrames, fps: float) -> dict[str, Any]:
+    return {"video": {"num_frames": len(frames.jpegs), "fps": round(fps, 6)}}
 
 
 def build_chat_body(
@@ -60,26 +65,33 @@ def build_chat_body(
     system: str | None,
     user_text: str,
     frames: EncodedFrames,
+    fps: float,
 ) -> dict[str, Any]:
     """The exact JSON sent upstream. Every sampling field is explicit (see module docstring)."""
     body: dict[str, Any] = {
         "model": backend.model,
-        "messages": build_messages(backend.layout, system, user_text, frames.base64_frames),
+        "messages": build_messages(backend.layout, system, user_text, frames),
         # every field of SamplingConfig, so a new one can never be forgotten here
         **sampling.model_dump(exclude_none=True),
         "n": 1,
         "stream": False,
     }
     if backend.request_mm_kwargs and layout_has_video(backend.layout):
-        body["media_io_kwargs"] = media_io_kwargs(frames)
+        body["media_io_kwargs"] = media_io_kwargs(frames, fps)
     return body
 
 
+def vision_token_count(layout: str, frames: EncodedFrames) -> int:
+    """The vision tokens vLLM will count for these frames (Qwen2.5-VL), start/end tokens included."""
+    if layout == "images":
+        return len(frames.jpegs) * vision_tokens(frames.height, frames.width, video=False)
+    count = vision_tokens(frames.height, frames.width, len(frames.jpegs), video=True)
+    if layout_has_stills(layout) and frames.still_size is not None:
+        width, height = frames.still_size
+        count += 2 * vision_tokens(height, width, video=False)
+    return count
+
+
 def estimate_prompt_tokens(layout: str, frames: EncodedFrames, text_chars: int) -> int:
-    """Qwen2.5-VL's vision cost plus a generous text estimate (≈3 chars a token, + template)."""
-    grid = (frames.height // PATCH_FACTOR) * (frames.width // PATCH_FACTOR)
-    count = len(frames.jpegs)
-    video = math.ceil(count / 2) * grid + 2
-    image = grid + 2
-    vision = {"qwen_video": video, "primo_interleave": video + 2 * image, "images": count * image}[layout]
-    return vision + text_chars // 3 + 64
+    """The exact vision cost plus a generous text estimate (≈3 chars a token, + template)."""
+    return vision_token_count(layout, frames) + text_chars // 3 + 64

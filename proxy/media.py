@@ -11,7 +11,7 @@ import hashlib
 import io
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -20,7 +20,7 @@ import pybase64  # SIMD base64, the decoder vLLM uses: 3.2 MB in 0.14 ms vs 6.5 
 
 from proxy.errors import InvalidRequest, MediaDecodeError, MediaForbidden, MediaNotFound
 from proxy.npy import NpyError, read_uint8
-from vlm_protocol.frames import PATCH_FACTOR, sample_indices, smart_resize
+from vlm_protocol.frames import PATCH_FACTOR, image_size, sample_indices, smart_resize, video_frame_size
 
 __all__ = ["PATCH_FACTOR", "EncodedFrames", "FrameLimits", "prepare_frames", "resolve_media_path",
            "sample_indices", "smart_resize"]
@@ -46,8 +46,12 @@ def encode_jpeg(frame_rgb: np.ndarray, quality: int) -> bytes:
 @dataclass(frozen=True)
 class FrameLimits:
     nframes: int
-    max_pixels: int
-    min_pixels: int
+    max_pixels: int  # per frame, qwen-vl-utils' meaning (see vlm_protocol.frames)
+    min_pixels: int  # the video floor
+    video_max_pixels: int
+    total_pixels: int
+    image_min_pixels: int
+    stills: bool  # also encode the first and last frame as still images (PRIMO-R1's layout)
     jpeg_quality: int
     default_source_fps: float
     max_inline_frames: int
@@ -56,18 +60,24 @@ class FrameLimits:
 
 @dataclass(frozen=True)
 class EncodedFrames:
-    jpegs: list[bytes]
+    jpegs: list[bytes]  # the video's frames, all at width x height
     indices: list[int]  # into the source episode
     source_count: int
     width: int
     height: int
-    sampled_fps: float  # the rate of the frames sent: what vLLM should be told
+    sampled_fps: float  # the real rate of the frames sent (source fps x sent / source frames)
     load_ms: float
     encode_ms: float
+    stills: list[bytes] = field(default_factory=list)  # first and last frame as images, if asked
+    still_size: tuple[int, int] | None = None  # (width, height) of the stills
 
     @property
     def base64_frames(self) -> list[str]:
         return [pybase64.b64encode(j).decode("ascii") for j in self.jpegs]
+
+    @property
+    def base64_stills(self) -> list[str]:
+        return [pybase64.b64encode(j).decode("ascii") for j in self.stills]
 
     @property
     def sha256(self) -> list[str]:
@@ -223,7 +233,8 @@ def load_sampled(
 
 
 def prepare_frames(limits: FrameLimits, **source) -> EncodedFrames:
-    """Load → sample → resize (one size for all: vLLM refuses mixed sizes) → JPEG once."""
+    """Load → sample → resize (one size for all: vLLM refuses mixed sizes) → JPEG once. Video
+    frames follow qwen-vl-utils' video rule; stills (first and last frame) its image rule."""
     started = time.perf_counter()
     source_field = next((k for k in ("video_path", "frames", "frames_npy") if source.get(k) is not None),
                         "video_path")
@@ -233,16 +244,25 @@ def prepare_frames(limits: FrameLimits, **source) -> EncodedFrames:
     if any(f.shape[:2] != first_shape for f in sampled):
         raise MediaDecodeError("frames of one episode must all have the same size", field=source_field)
     try:
-        height, width = smart_resize(first_shape[0], first_shape[1],
-                                     min_pixels=limits.min_pixels, max_pixels=limits.max_pixels)
+        height, width = video_frame_size(first_shape[0], first_shape[1], len(sampled),
+                                         max_pixels=limits.max_pixels, min_pixels=limits.min_pixels,
+                                         video_max_pixels=limits.video_max_pixels,
+                                         total_pixels=limits.total_pixels)
+        still = (image_size(first_shape[0], first_shape[1], max_pixels=limits.max_pixels,
+                            min_pixels=limits.image_min_pixels) if limits.stills else None)
     except ValueError as err:
         raise MediaDecodeError(str(err), field=source_field) from err
     jpegs = [encode_jpeg(np.ascontiguousarray(resize_frame(f, height, width)), limits.jpeg_quality)
              for f in sampled]
+    stills: list[bytes] = []
+    if still is not None:
+        stills = ([jpegs[0], jpegs[-1]] if still == (height, width) else
+                  [encode_jpeg(np.ascontiguousarray(resize_frame(f, *still)), limits.jpeg_quality)
+                   for f in (sampled[0], sampled[-1])])
     encoded = time.perf_counter()
-    # vLLM computes duration = frames / fps, so this makes the sent clip last as long as the episode.
-    sampled_fps = source_fps * len(indices) / source_count
     return EncodedFrames(
         jpegs=jpegs, indices=indices, source_count=source_count, width=width, height=height,
-        sampled_fps=sampled_fps, load_ms=(loaded - started) * 1e3, encode_ms=(encoded - loaded) * 1e3,
+        sampled_fps=source_fps * len(indices) / source_count, load_ms=(loaded - started) * 1e3,
+        encode_ms=(encoded - loaded) * 1e3, stills=stills,
+        still_size=(still[1], still[0]) if still is not None else None,
     )

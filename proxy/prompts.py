@@ -165,3 +165,32 @@ class PromptStore:
         with self._lock:
             self._cache[name] = (stamp, template)
         return template
+
+
+# The seed's backend_kwargs that replace prompt text (10-OASIS-01/RLinf-RLAIF, libero_reward_server.py).
+SEED_PROMPT_KWARGS = ("system_prompt", "user_prompt", "prompt_template")
+_TASK_PLACEHOLDERS = ("{task_instruction}", "{task}")
+
+
+def apply_seed_overrides(system: str | None, user: str, task_text: str,
+                         overrides: dict[str, str]) -> tuple[str | None, str]:
+    """The seed's meaning: `system_prompt` replaces the system text as given; `prompt_template`
+    and `user_prompt` replace the whole user text, with {task_instruction} / {task} filled in;
+    a `user_prompt` with neither placeholder gets "Task info:\n<task>\n\n" in front (the seed's
+    PRIMO backend), a `prompt_template` does not (its Qwen backend). The template's declared
+    answer still decides what counts as a score."""
+    if "user_prompt" in overrides and "prompt_template" in overrides:
+        raise TemplateVariableError("give user_prompt or prompt_template, not both: each replaces the "
+                                    "whole user text", field="backend_kwargs.user_prompt")
+    if "system_prompt" in overrides:
+        system = overrides["system_prompt"].strip() or None
+    for key in ("prompt_template", "user_prompt"):
+        if key in overrides:
+            text = overrides[key]
+            has_placeholder = any(p in text for p in _TASK_PLACEHOLDERS)
+            for placeholder in _TASK_PLACEHOLDERS:
+                text = text.replace(placeholder, task_text)
+            if key == "user_prompt" and not has_placeholder:
+                text = f"Task info:\n{task_text}\n\n{text}"
+            user = text.strip()
+    return system, user

@@ -8,6 +8,32 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.errors import InvalidRequest
 
+MAX_METADATA_BYTES = 4096
+Scalar = str | int | float | bool | None
+
+
+class EpisodeMetadata(BaseModel):
+    """What the caller knows about the episode: recorded in the audit log, never sent to the model.
+    `env_success` is the simulator's ground truth (the reward-quality report compares with it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    env_success: bool | None = None
+    task_id: int | str | None = None
+    episode_id: int | str | None = None
+    step: int | None = None
+    run: str | None = Field(None, max_length=256)
+
+    @model_validator(mode="after")
+    def _small_and_flat(self) -> EpisodeMetadata:
+        extra = self.model_extra or {}
+        if len(extra) > 32 or any(not isinstance(v, Scalar) or (isinstance(v, str) and len(v) > 512)
+                                  for v in extra.values()):
+            raise ValueError("metadata holds at most 32 extra keys, each a number, bool or string of <= 512 chars")
+        if len(self.model_dump_json()) > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is over {MAX_METADATA_BYTES} bytes")
+        return self
+
 
 class ScoreRequest(BaseModel):
     """POST /score. Field names follow the seed server so its clients keep working."""
@@ -20,11 +46,15 @@ class ScoreRequest(BaseModel):
     frames: list[str] | None = None  # base64 PNG/JPEG images (data: URLs accepted), in order
     frames_npy: str | None = None  # base64 of a .npy uint8 array T×H×W×3
     fps: float | None = Field(None, gt=0, le=1000)  # source rate of inline frames
+    # The rate the clip is presented at (the seed's reward_model.video_fps); used when the
+    # backend's frames.presentation_fps is "seed".
+    video_fps: float | None = Field(None, gt=0, le=1000)
     nframes: int | None = Field(None, ge=1)  # frames to sample; caps checked against config
     max_pixels: int | None = Field(None, ge=1)  # per-frame pixel budget after resize
     backend: str | None = None  # backend name or alias; None = the only/first backend
     # Per-request sampling overrides (within bounds), score_mode, and template variables.
     backend_kwargs: dict[str, Any] = Field(default_factory=dict)
+    metadata: EpisodeMetadata | None = None  # recorded with the result, never sent to the model
 
     @model_validator(mode="after")
     def _one_source(self) -> ScoreRequest:
@@ -46,15 +76,21 @@ class ParseInfo(BaseModel):
 
 class PromptInfo(BaseModel):
     name: str
-    sha256: str
+    sha256: str  # of the template file
+    # backend_kwargs that replaced prompt text (system_prompt, user_prompt, prompt_template): sha256 each
+    overrides: dict[str, str] = Field(default_factory=dict)
 
 
 class FramesInfo(BaseModel):
     count: int
+    requested: int  # nframes asked for; above `count` when the backend's max_nframes clamped it
     indices: list[int]  # indices into the source episode
     source_count: int
-    size: tuple[int, int]  # (width, height) sent to the model
-    sampled_fps: float
+    size: tuple[int, int]  # (width, height) of the video frames sent to the model
+    still_size: tuple[int, int] | None = None  # (width, height) of still images (PRIMO's first/last)
+    fps: float  # the rate vLLM was told (frames.presentation_fps)
+    sampled_fps: float  # the real rate of the frames sent
+    vision_tokens: int  # what the frames cost in the prompt (Qwen2.5-VL's rule)
     sha256: list[str]  # hash of each JPEG sent, for reproducibility
 
 

@@ -8,6 +8,7 @@ sampling, attempts, the model's last reply) — never media.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -20,11 +21,11 @@ from pydantic import ValidationError
 from proxy.backends import Backend, BackendRegistry
 from proxy.config import BackendConfig, SamplingConfig, Settings
 from proxy.errors import MAX_REPLY_CHARS, InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
-from proxy.layouts import build_chat_body, estimate_prompt_tokens
+from proxy.layouts import build_chat_body, estimate_prompt_tokens, layout_has_stills, vision_token_count
 from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
 from proxy.observe import AuditLog, Metrics
 from proxy.parse import ParsedScore, parse_score
-from proxy.prompts import PromptStore, PromptTemplate
+from proxy.prompts import SEED_PROMPT_KWARGS, PromptStore, PromptTemplate, apply_seed_overrides
 from proxy.retry import Attempt, call_with_retries
 from proxy.scales import SCORE_MODES
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse, validation_error
@@ -32,6 +33,7 @@ from proxy.upstream import ChatReply, UpstreamClient
 
 log = logging.getLogger(__name__)
 SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
+MIN_MAX_PIXELS = 28 * 28  # the smallest per-frame budget a request may ask for (the seed's bound)
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,9 @@ class _Resolved:
     sampling: SamplingConfig
     score_mode: str
     variables: dict[str, Any]
+    prompt_overrides: dict[str, str]  # the seed's system_prompt / user_prompt / prompt_template
     limits: FrameLimits
+    requested_nframes: int
 
 
 @dataclass
@@ -50,6 +54,7 @@ class _Trace:
 
     backend: str
     task_text: str
+    metadata: dict[str, Any] | None = None
     prompt: PromptInfo | None = None
     frames: FramesInfo | None = None
     sampling: dict[str, Any] | None = None  # of the last ask sent
@@ -66,10 +71,10 @@ class _Trace:
     def record(self) -> dict[str, Any]:
         reply = self.last_reply
         return {
-            "backend": self.backend, "task_text": self.task_text,
+            "backend": self.backend, "task_text": self.task_text, "metadata": self.metadata,
             "prompt": self.prompt.model_dump() if self.prompt else None,
-            "frames": ({"indices": self.frames.indices, "size": self.frames.size, "sha256": self.frames.sha256}
-                       if self.frames else None),
+            "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
+                                                       "vision_tokens", "sha256"}) if self.frames else None),
             "sampling": self.sampling, "asks": self.asks,
             "output_text": reply.text[:MAX_REPLY_CHARS] if reply else None,
             "finish_reason": reply.finish_reason if reply else None,
@@ -99,7 +104,8 @@ class Scorer:
         except ProxyError as err:
             self.metrics.episodes.labels("none", err.code).inc()
             raise
-        trace = _Trace(backend=backend.name, task_text=request.task_text)
+        trace = _Trace(backend=backend.name, task_text=request.task_text,
+                       metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None)
         self.metrics.in_flight.labels(backend.name).inc()
         try:
             if admit:
@@ -125,19 +131,24 @@ class Scorer:
                      budget_s: float | None, trace: _Trace) -> ScoreResponse:
         cfg = backend.config
         template = self.prompts.get(cfg.prompt)
-        trace.prompt = PromptInfo(name=template.name, sha256=template.sha256)
         resolved = self._resolve(request, cfg, template)
+        trace.prompt = PromptInfo(name=template.name, sha256=template.sha256, overrides={
+            key: hashlib.sha256(text.encode()).hexdigest() for key, text in resolved.prompt_overrides.items()})
         system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
+        system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
         frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
-        trace.frames = FramesInfo(count=len(frames.jpegs), indices=frames.indices,
-                                  source_count=frames.source_count, size=(frames.width, frames.height),
-                                  sampled_fps=round(frames.sampled_fps, 6), sha256=frames.sha256)
+        fps = _presentation_fps(cfg, request, frames)
+        trace.frames = FramesInfo(
+            count=len(frames.jpegs), requested=resolved.requested_nframes, indices=frames.indices,
+            source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
+            fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
+            vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256)
         self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)
         self.metrics.stage.labels(stage="encode").observe(frames.encode_ms / 1e3)
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
-        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames)
+        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps)
         first_ask = json.dumps(body, separators=(",", ":")).encode()
         upstream_started = time.perf_counter()
 
@@ -202,21 +213,23 @@ class Scorer:
 
     def _resolve(self, request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate) -> _Resolved:
         proxy = self.settings.proxy
-        nframes = request.nframes or cfg.frames.nframes
-        if nframes > proxy.max_nframes:
-            raise InvalidRequest(f"nframes {nframes} is over the cap of {proxy.max_nframes}",
+        requested = request.nframes or cfg.frames.nframes
+        if requested > proxy.max_nframes:
+            raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",
                                  field="nframes")
+        # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
+        nframes = min(requested, cfg.frames.max_nframes or requested)
         if cfg.layout == "images" and nframes > cfg.frames.nframes:
             # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
             raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
                                  f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
                                  field="nframes")
         max_pixels = request.max_pixels or cfg.frames.max_pixels
-        if not cfg.frames.min_pixels <= max_pixels <= proxy.max_pixels_limit:
-            raise InvalidRequest(f"max_pixels must be within [{cfg.frames.min_pixels}, "
+        if not MIN_MAX_PIXELS <= max_pixels <= proxy.max_pixels_limit:
+            raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
                                  f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
         template_vars = template.variable_names
-        overrides, variables, score_mode = {}, {}, cfg.score_mode
+        overrides, variables, prompt_overrides, score_mode = {}, {}, {}, cfg.score_mode
         for key, value in request.backend_kwargs.items():
             if key in SAMPLING_FIELDS:
                 overrides[key] = value
@@ -225,20 +238,30 @@ class Scorer:
                     raise InvalidRequest(f"score_mode must be one of {', '.join(SCORE_MODES)}",
                                          field="backend_kwargs.score_mode")
                 score_mode = value
+            elif key in SEED_PROMPT_KWARGS:
+                if not isinstance(value, str) or len(value) > proxy.max_prompt_chars:
+                    raise InvalidRequest(f"backend_kwargs.{key} must be a string of at most "
+                                         f"{proxy.max_prompt_chars} characters (proxy.max_prompt_chars)",
+                                         field=f"backend_kwargs.{key}")
+                prompt_overrides[key] = value
             elif key in template_vars and key != "task_text":
                 variables[key] = value
             else:
                 raise InvalidRequest(
                     f"backend_kwargs.{key} is not a sampling field ({', '.join(sorted(SAMPLING_FIELDS))}), "
-                    f"score_mode, or a variable of prompt {cfg.prompt!r} "
-                    f"({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
+                    f"score_mode, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}, or a variable of prompt "
+                    f"{cfg.prompt!r} ({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
                     field=f"backend_kwargs.{key}")
         sampling = _override_sampling(cfg, overrides)
+        frames = cfg.frames
         limits = FrameLimits(
-            nframes=nframes, max_pixels=max_pixels, min_pixels=cfg.frames.min_pixels,
-            jpeg_quality=cfg.frames.jpeg_quality, default_source_fps=cfg.frames.default_source_fps,
+            nframes=nframes, max_pixels=max_pixels, min_pixels=frames.min_pixels,
+            video_max_pixels=frames.video_max_pixels, total_pixels=frames.total_pixels,
+            image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout),
+            jpeg_quality=frames.jpeg_quality, default_source_fps=frames.default_source_fps,
             max_inline_frames=proxy.max_inline_frames, max_source_pixels=proxy.max_source_pixels)
-        return _Resolved(sampling=sampling, score_mode=score_mode, variables=variables, limits=limits)
+        return _Resolved(sampling=sampling, score_mode=score_mode, variables=variables,
+                         prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested)
 
     def _load_frames(self, request: ScoreRequest, limits: FrameLimits) -> EncodedFrames:
         video_path: Path | None = None
@@ -260,6 +283,17 @@ class Scorer:
                 f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
 
 
+def _presentation_fps(cfg: BackendConfig, request: ScoreRequest, frames: EncodedFrames) -> float:
+    """The rate vLLM is told, by the backend's frames.presentation_fps (the same for every
+    transport: a path, frames or frames_npy carrying one episode give one body)."""
+    policy = cfg.frames.presentation_fps
+    if policy == "seed":
+        return request.video_fps or cfg.frames.default_video_fps
+    if policy == "episode":
+        return frames.sampled_fps
+    return float(policy)
+
+
 def _sampling_for_ask(cfg: BackendConfig, sampling: SamplingConfig, parse_round: int) -> dict[str, Any]:
     """The sampling fields of ask `parse_round` (0 = the first ask). A re-ask samples (so greedy
     decoding cannot repeat the unparseable reply) with the next seed."""
@@ -267,9 +301,7 @@ def _sampling_for_ask(cfg: BackendConfig, sampling: SamplingConfig, parse_round:
     if parse_round == 0:
         return fields
     reask = cfg.retry.reask
-    fields["temperature"] = reask.temperature
-    if reask.top_p is not None:
-        fields["top_p"] = reask.top_p
+    fields["temperature"], fields["top_p"] = reask.temperature, reask.top_p
     if sampling.seed is not None:
         fields["seed"] = sampling.seed + parse_round
     return fields

@@ -61,27 +61,29 @@ class ScoreRequestBody:
 def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequestBody:
     """Pick and encode the frames (blocking CPU work: run it in a thread).
 
-    The sent clip is always presented at `video_fps` whatever is sent: with client sampling
-    (the seed's way) K frames go out at `video_fps`; without it, all B held frames go out at
-    `video_fps * B / K` so the proxy's K-frame pick lands on `video_fps` again.
+    Whatever the transport, the proxy gets the same two rates: `video_fps` (the seed's rate, what
+    the proxy presents by default) and the real rate of the frames sent, `episode_fps` x frames
+    sent / episode steps — as `fps` with inline frames, and as the temp MP4's own rate.
     """
     prepared = prepare_frames(episode.frames, cfg.nframes, cfg.client_sampling)
     sent = prepared.count
     used = sent if cfg.client_sampling else min(cfg.nframes, sent)
-    source_fps = cfg.video_fps * sent / used
+    real_fps = cfg.episode_fps * sent / max(prepared.source_count, 1)
     payload: dict[str, Any] = {"task_text": episode.task_text, "nframes": used,
-                               "max_pixels": cfg.max_pixels}
+                               "max_pixels": cfg.max_pixels, "video_fps": cfg.video_fps}
     temp_video = None
     if cfg.transport == "path":
-        temp_video = write_temp_mp4(prepared.frames, source_fps, cfg.temp_video_dir)
+        temp_video = write_temp_mp4(prepared.frames, real_fps, cfg.temp_video_dir)
         payload["video_path"] = os.path.abspath(temp_video)
     else:
         payload["frames_npy"] = encode_npy_b64(prepared.frames)
-        payload["fps"] = round(source_fps, 6)
+        payload["fps"] = round(real_fps, 6)
     if cfg.backend:
         payload["backend"] = cfg.backend
     if cfg.backend_kwargs:
         payload["backend_kwargs"] = dict(cfg.backend_kwargs)
+    if episode.metadata:
+        payload["metadata"] = dict(episode.metadata)
     return ScoreRequestBody(payload, temp_video)
 
 

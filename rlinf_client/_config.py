@@ -22,6 +22,8 @@ __all__ = ["RewardModelConfig"]
 
 Transport = Literal["inline", "path"]
 BatchMode = Literal["auto", "never"]
+Fallback = Literal["raise", "zero", "env_success"]
+FALLBACKS = ("raise", "zero", "env_success")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +37,23 @@ class RewardModelConfig:
     backend: str | None = None  # None = the proxy's default backend
     backend_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     video_fps: float = C.DEFAULT_VIDEO_FPS  # rate the sampled clip is presented at
-    fail_on_request_error: bool = False  # True: raise; False: fall back, marked and counted
+    fail_on_request_error: bool = False  # True: raise (= fallback: raise); False: the fallback below
     binary_reward: bool = True
     success_threshold: float = C.DEFAULT_SUCCESS_THRESHOLD
     keep_temp_video: bool = False  # transport: path only
     temp_video_dir: str | None = None  # transport: path only; must be readable by the proxy
     # -- additions ---------------------------------------------------------------------------
+    # What a failed episode is rewarded with, chosen explicitly (counted in env/vlm_fallback):
+    #   raise        stop the run with the typed error (= fail_on_request_error: true)
+    #   zero         a score of 0.0
+    #   env_success  the simulator's success flag: run A's ground truth leaking into a VLM run,
+    #                so never the default
+    # None: raise when fail_on_request_error is true, else zero.
+    fallback: Fallback | None = None
+    # The env's control rate: frames are sent with their real rate (fps = episode_fps x frames
+    # sent / episode steps), whatever the transport; the proxy uses it when told to present
+    # episodes in real time (its frames.presentation_fps: episode). LIBERO steps at 20 Hz.
+    episode_fps: float = C.DEFAULT_EPISODE_FPS
     transport: Transport = "inline"  # inline: frames_npy in the body; path: temp MP4 + video_path
     client_sampling: bool = True  # send only the nframes frames picked here (the seed's way)
     buffer_frames: int = C.DEFAULT_BUFFER_FRAMES  # per env per episode; 0 = keep all (exact)
@@ -62,7 +75,7 @@ class RewardModelConfig:
         problems = []
         if not self.endpoint.startswith(("http://", "https://")):
             problems.append(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
-        for name in ("timeout", "video_fps", "connect_timeout"):
+        for name in ("timeout", "video_fps", "connect_timeout", "episode_fps"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a positive number, got {value!r}")
@@ -77,6 +90,11 @@ class RewardModelConfig:
             problems.append(f"transport must be 'inline' or 'path', got {self.transport!r}")
         if self.batch not in ("auto", "never"):
             problems.append(f"batch must be 'auto' or 'never', got {self.batch!r}")
+        if self.fallback is not None and self.fallback not in FALLBACKS:
+            problems.append(f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        elif self.fail_on_request_error and self.fallback not in (None, "raise"):
+            problems.append(f"fail_on_request_error: true means fallback: raise, but fallback is {self.fallback!r}; "
+                            "set one of them")
         if (isinstance(self.buffer_frames, int) and isinstance(self.nframes, int)
                 and 0 < self.buffer_frames < 2 * self.nframes):
             problems.append(f"buffer_frames ({self.buffer_frames}) must be 0 or at least 2 x nframes "
@@ -99,7 +117,7 @@ class RewardModelConfig:
                                     f"known: {', '.join(sorted(known))}")
         if data.get("backend_kwargs") is None:
             data.pop("backend_kwargs", None)
-        for name in ("timeout", "video_fps", "connect_timeout", "success_threshold"):
+        for name in ("timeout", "video_fps", "connect_timeout", "success_threshold", "episode_fps"):
             if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
                 data[name] = float(data[name])
         return cls(**data)
@@ -136,6 +154,11 @@ class RewardModelConfig:
     @property
     def health_url(self) -> str:
         return self.base_url + C.HEALTH_PATH
+
+    @property
+    def failure_policy(self) -> Fallback:
+        """What a failed episode gets: `fallback` if set, else the seed's fail_on_request_error."""
+        return self.fallback or ("raise" if self.fail_on_request_error else "zero")
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get(C.API_KEY_ENV) or None

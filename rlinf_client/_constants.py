@@ -34,6 +34,7 @@ MAX_BODIES_IN_MEMORY = 64
 DEFAULT_NFRAMES = 16
 DEFAULT_MAX_PIXELS = 200_704  # 256 * 28 * 28
 DEFAULT_VIDEO_FPS = 4.0  # the rate the sampled clip is presented at (the seed's MP4 fps)
+DEFAULT_EPISODE_FPS = 20.0  # LIBERO's control rate: one frame per env step
 DEFAULT_SUCCESS_THRESHOLD = 0.5
 
 # Frames kept per env per episode; 0 keeps every frame (exact sampling, ~100 MB per 512-step

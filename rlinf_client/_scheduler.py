@@ -14,8 +14,8 @@
 - Retried (by the transport, or here for batch items): only what the proxy marks retryable and
   what never reached it, and never past the deadline.
 - Any error or cancellation releases every slot and body it took and deletes temp MP4s.
-- The failure policy is `EpisodeScore` for every episode, or — with `fail_on_request_error` —
-  the first failure raised (the rest cancelled).
+- The failure policy (`fallback`: raise | zero | env_success) applies in one place: an
+  `EpisodeScore` for every episode, or, with raise, the first failure raised (the rest cancelled).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class Scheduler:
             if result is None:
                 self._settle(episodes, results, index, timeout_error(self.cfg, 0), call_started,
                              raise_policy=False)
-        if self.cfg.fail_on_request_error:
+        if self.cfg.failure_policy == "raise":
             failed = next((r for r in results if r is not None and not r.ok), None)
             if failed is not None:
                 raise failed.error  # type: ignore[misc]
@@ -278,16 +278,17 @@ class Scheduler:
             result = EpisodeScore(ok=True, value=score, score=score, attempts=attempts, latency_ms=latency_ms,
                                   response=answer)
         else:
-            episode = episodes[index]
+            episode, policy = episodes[index], self.cfg.failure_policy
             code = getattr(outcome, "code", "error")
-            result = EpisodeScore(ok=False, value=episode.fallback, reason=code, error=outcome,
+            value = {"zero": 0.0, "env_success": episode.fallback, "raise": None}[policy]
+            result = EpisodeScore(ok=False, value=value, reason=code, error=outcome,
                                   attempts=attempts, latency_ms=latency_ms)
-            if not self.cfg.fail_on_request_error:
-                log.info("reward model failed (%s: %s) for %r; using fallback %s", code, outcome,
-                         episode.task_text[:80], episode.fallback)
+            if policy != "raise":
+                log.info("reward model failed (%s: %s) for %r; fallback %s gives %s", code, outcome,
+                         episode.task_text[:80], policy, value)
         results[index] = result
         self.stats.record(result)
-        if not result.ok and self.cfg.fail_on_request_error and raise_policy:
+        if not result.ok and self.cfg.failure_policy == "raise" and raise_policy:
             raise _Stop(outcome)  # type: ignore[arg-type]
 
     def _release(self, pending: _Pending) -> None:

@@ -17,13 +17,16 @@ class Episode:
     """One finished episode to score.
 
     `frames`: an `EpisodeFrameBuffer` or array-like T×H×W×3 / T×3×H×W (uint8 or float).
-    `fallback`: the score to use if the request fails and `fail_on_request_error` is false
-    (RLinf: the simulator's success flag); None = no fallback, the result's `value` is None.
+    `fallback`: the simulator's success flag (0.0 / 1.0), the reward of a failed request only
+    under `fallback: env_success`; None = unknown (then env_success gives None, never a guess).
+    `metadata`: sent with the request and recorded in the proxy's audit log, never to the model
+    (e.g. env_success, task_id, episode_id, step, run).
     """
 
     frames: Any
     task_text: str
     fallback: float | None = None
+    metadata: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class EpisodeScore:
     """The outcome for one episode. Never a bare number: `ok` says whether the VLM scored it."""
 
     ok: bool
-    value: float | None  # the score to use: the proxy's when ok, else the fallback (may be None)
+    value: float | None  # the score to use: the proxy's when ok, else the fallback's (may be None)
     score: float | None = None  # the proxy's score in [0, 1] (None when the request failed)
     reason: str | None = None  # when not ok: the error code (e.g. upstream_unavailable, timeout)
     error: RewardClientError | None = None

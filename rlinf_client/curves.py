@@ -24,7 +24,8 @@ from typing import Any
 
 from rlinf_client._exceptions import MissingDependencyError
 
-__all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "load_run", "main", "plot_runs", "smooth"]
+__all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "fallback_warnings", "load_run", "main", "plot_runs",
+           "smooth"]
 
 FAILURES = "reward-model failures"
 # (tag, title); FAILURES is derived: env/vlm_fallback (a rate) x env/num_trajectories.
@@ -32,7 +33,7 @@ DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("env/success_once", "env/success_once: simulator success (ground truth)"),
     ("env/return", "env/return: episode return"),
     ("rollout/rewards", "rollout/rewards: reward the policy was trained on"),
-    (FAILURES, "reward-model failures per step (fallbacks to the simulator flag)"),
+    (FAILURES, "reward-model failures per step (rewards that are not the VLM's: reward_model.fallback)"),
 )
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -53,6 +54,23 @@ class Run:
         if counts:
             return [(step, value * counts[step]) for step, value in sorted(rate.items()) if step in counts]
         return sorted(rate.items())
+
+    def fallback_rate(self) -> tuple[float, float] | None:
+        """(mean, max) over steps of env/vlm_fallback, the share of episodes whose reward was a
+        fallback; None when the run logs no reward model."""
+        rates = [value for _, value in self.scalars.get("env/vlm_fallback", [])]
+        return (sum(rates) / len(rates), max(rates)) if rates else None
+
+
+def fallback_warnings(runs: Sequence[Run]) -> list[str]:
+    """One line per run whose rewards were not all the VLM's: impossible to miss in every output."""
+    lines = []
+    for run in runs:
+        rate = run.fallback_rate()
+        if rate is not None and rate[1] > 0:
+            lines.append(f"{run.name}: {rate[0]:.1%} of episodes (up to {rate[1]:.1%} in one step) were "
+                         "rewarded by the fallback, not the VLM")
+    return lines
 
 
 def smooth(values: Sequence[float], weight: float) -> list[float]:
@@ -174,11 +192,16 @@ def plot_runs(runs: list[Run], metrics: Sequence[tuple[str, str]], out_dir: str 
                           transform=axis.transAxes, color="grey")
         for axis in list(axes.flat)[len(metrics):]:
             axis.set_visible(False)
-        figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
+        warnings = fallback_warnings(runs)
+        if warnings:  # in red, above everything: the comparison is not VLM vs VLM for these steps
+            figure.suptitle("FALLBACK REWARDS — " + "; ".join(warnings), fontsize=11, color="red",
+                            fontweight="bold")
+        else:
+            figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
         figure.tight_layout()
         png = io.BytesIO()
-        figure.savefig(png, format="png", dpi=110,
-                       metadata={"Title": title, "Description": f"runs: {names}"})
+        description = f"runs: {names}" + ("; FALLBACK REWARDS: " + "; ".join(warnings) if warnings else "")
+        figure.savefig(png, format="png", dpi=110, metadata={"Title": title, "Description": description})
     finally:
         plt.close(figure)
     png_path = out_dir / "curves.png"
@@ -198,11 +221,17 @@ def _html_page(title: str, runs: list[Run], summary: list[dict[str, Any]], png: 
     keys = ("metric", "run", "points", "last_step", "last", "last_smoothed", "max_smoothed")
     rows = "".join("<tr>" + "".join(cell(row[k]) for k in keys) + "</tr>" for row in summary)
     image = base64.b64encode(png).decode("ascii")
+    warnings = fallback_warnings(runs)
+    banner = ("" if not warnings else '<div class="fallback" role="alert"><strong>Fallback rewards:</strong><ul>'
+              + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul>These episodes were not rewarded "
+              "by the VLM; compare runs only where the rate is 0, or with that in mind.</div>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}img{{max-width:100%}}</style>
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}img{{max-width:100%}}
+.fallback{{background:#fdd;border:3px solid #c00;color:#900;padding:1em;font-size:1.2em}}</style>
 </head><body>
+{banner}
 <h1>{html.escape(title)}</h1>
 <h2>Runs</h2><table><tr><th>run</th><th>directory</th></tr>{run_rows}</table>
 <img alt="curves of {html.escape(', '.join(r.name for r in runs))}" src="data:image/png;base64,{image}">
@@ -259,6 +288,8 @@ def run_command(args: argparse.Namespace) -> int:
         missing = [tag for tag, _ in metrics if not run.series(tag)]
         if missing:
             print(f"note: {run.name} has no {', '.join(missing)}")
+    for warning in fallback_warnings(runs):
+        print(f"WARNING: {warning}", file=sys.stderr)
     print(f"wrote {png} and {page}")
     return 0
 

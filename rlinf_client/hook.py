@@ -12,9 +12,11 @@ in `LiberoEnv` wire it in (integrations/rlinf/ has the patch):
               ... infos["episode"].update(to_tensor(self.vlm_reward.episode_info()))
 
 An episode ends on termination or truncation, or on truncation only with
-`ignore_terminations`; it is scored once, with its env's task text. The fallback on a failed
-request is the simulator's success flag at the end step, mapped the same way, marked in
-`vlm_fallback` and counted in `failures`. Nothing here imports RLinf, torch or OpenCV.
+`ignore_terminations`; it is scored once, with its env's task text, and the simulator's success
+flag travels with the request as metadata (the proxy's audit log, never the model). A failed
+request follows `reward_model.fallback` (raise, zero, or env_success — the simulator's flag,
+never the default), mapped the same way, marked in `vlm_fallback` and counted in `failures`.
+Nothing here imports RLinf, torch or OpenCV.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class LiberoVLMReward:
         self.vlm_fallback = np.zeros(num_envs)  # 1 where that score is the fallback
         self.failures = 0  # fallbacks since creation
         self.episodes_scored = 0
+        self.episodes_started = np.zeros(num_envs, dtype=np.int64)  # per env, for episode ids
 
     @classmethod
     def from_env_cfg(cls, env_cfg: Any, num_envs: int, *, client: Any = None) -> LiberoVLMReward | None:
@@ -92,15 +95,16 @@ class LiberoVLMReward:
             self.buffers[env].clear()
             self.buffers[env].append(frames[env])
         self.scored[ids] = False
+        self.episodes_started[ids] += 1
         for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback):
             array[ids] = 0.0
 
     def step_reward(self, obs: Mapping[str, Any], terminations: Any, truncations: Any,
-                    task_descriptions: Sequence[str]) -> np.ndarray:
+                    task_descriptions: Sequence[str], task_ids: Any = None) -> np.ndarray:
         """This step's reward for every env; scores the episodes that ended in it.
 
         `terminations` are the simulator's success flags as `env.step` returned them (before
-        `ignore_terminations` clears them)."""
+        `ignore_terminations` clears them); `task_ids` (optional) go into the request metadata."""
         frames = env_frames_from_obs(obs)
         terminations, truncations = _bools(terminations), _bools(truncations)
         running = np.flatnonzero(~self.scored)
@@ -109,7 +113,8 @@ class LiberoVLMReward:
         ended = truncations if self.ignore_terminations else terminations | truncations
         ending = np.flatnonzero(ended & ~self.scored)
         if ending.size:
-            self._score(ending, terminations, task_descriptions)
+            ids = None if task_ids is None else np.asarray(_as_numpy(task_ids)).reshape(-1)
+            self._score(ending, terminations, task_descriptions, ids)
         value = self.step_penalty + self.terminal_value
         reward = relative_step_reward(value, self.prev_value, use_rel_reward=self.use_rel_reward)
         if self.use_rel_reward:
@@ -132,11 +137,11 @@ class LiberoVLMReward:
             return np.arange(self.num_envs)
         return np.atleast_1d(np.asarray(_as_numpy(env_idx), dtype=np.int64))
 
-    def _score(self, envs: np.ndarray, terminations: np.ndarray,
-               task_descriptions: Sequence[str]) -> None:
-        episodes = [Episode(self.buffers[env], str(task_descriptions[env]),
-                            fallback=float(terminations[env])) for env in envs]
-        results = self.client.score_episodes(episodes)  # raises with fail_on_request_error
+    def _score(self, envs: np.ndarray, terminations: np.ndarray, task_descriptions: Sequence[str],
+               task_ids: np.ndarray | None) -> None:
+        episodes = [Episode(self.buffers[env], str(task_descriptions[env]), fallback=float(terminations[env]),
+                            metadata=self._metadata(env, terminations, task_ids)) for env in envs]
+        results = self.client.score_episodes(episodes)  # raises under fallback: raise
         reasons: Counter[str] = Counter()
         for env, result in zip(envs, results, strict=True):
             mapped = map_score(result.value, binary_reward=self.config.binary_reward,
@@ -151,6 +156,15 @@ class LiberoVLMReward:
         self.episodes_scored += len(envs)
         if reasons:
             self.failures += sum(reasons.values())
-            log.warning("reward model: %d of %d episodes ending now fell back to the simulator's "
-                        "success flag (%s); %d fallbacks so far", sum(reasons.values()), len(envs),
-                        ", ".join(f"{k} x{v}" for k, v in reasons.items()), self.failures)
+            log.warning("reward model: %d of %d episodes ending now were rewarded by the fallback (%s), "
+                        "not the VLM (%s); %d fallbacks so far", sum(reasons.values()), len(envs),
+                        self.config.failure_policy, ", ".join(f"{k} x{v}" for k, v in reasons.items()),
+                        self.failures)
+
+    def _metadata(self, env: int, terminations: np.ndarray, task_ids: np.ndarray | None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"env_success": bool(terminations[env]), "env": int(env),
+                                    "episode_id": f"env{env}-ep{int(self.episodes_started[env])}",
+                                    "step": int(self.buffers[env].count) - 1}
+        if task_ids is not None and env < len(task_ids):
+            metadata["task_id"] = task_ids[env].item() if hasattr(task_ids[env], "item") else task_ids[env]
+        return metadata

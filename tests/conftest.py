@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,14 @@ PRIMO_REPLY = ("<think><planning>1. grasp 2. place</planning><observation>bowl m
 
 _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY")
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Anything a test leaves unclosed is reported by that test, not by whichever test happens to
+    be running when the garbage collector next runs (filterwarnings=error makes it a failure)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

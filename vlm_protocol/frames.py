@@ -1,18 +1,34 @@
-"""The pure frame rules: which frames of an episode to send, and at what size.
+"""The pure frame rules: which frames of an episode to send, at what size, at what rate.
 
 No third-party imports, so the RLinf client can sample exactly as the proxy does before it
 sends anything (sending a whole 512-frame episode inline costs ~10x more than sampling first).
+
+Sizes follow qwen-vl-utils (the seed and PRIMO-R1 prepare inputs with it), parity-tested
+against the package itself:
+- an image: `smart_resize` within [IMAGE_MIN_PIXELS, max_pixels];
+- a video of N frames: each frame within [min_pixels, per-frame cap], where the cap is
+  max(min(VIDEO_MAX_PIXELS, total_pixels / N * 2), 1.05 * min_pixels), lowered further by a
+  requested max_pixels (qwen-vl-utils >= 0.0.9). VIDEO_MIN_PIXELS is a floor: LIBERO's 256x256
+  frames become 336x336 (144 tokens per 2 frames), as the seed's server sent them.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_ASPECT_RATIO", "PATCH_FACTOR", "sample_indices", "smart_resize"]
+__all__ = ["FRAME_FACTOR", "IMAGE_MIN_PIXELS", "MAX_ASPECT_RATIO", "PATCH_FACTOR", "VIDEO_MAX_PIXELS",
+           "VIDEO_MIN_PIXELS", "VIDEO_TOTAL_PIXELS", "image_size", "sample_indices", "smart_resize",
+           "video_frame_size", "vision_tokens"]
 
 # Qwen2.5-VL: 14-pixel patches merged 2×2, so sides are multiples of 28.
 PATCH_FACTOR = 28
 MAX_ASPECT_RATIO = 200
+# qwen-vl-utils' constants (0.0.9 … 0.0.14 agree).
+FRAME_FACTOR = 2  # frames per temporal patch
+IMAGE_MIN_PIXELS = 4 * 28 * 28
+VIDEO_MIN_PIXELS = 128 * 28 * 28
+VIDEO_MAX_PIXELS = 768 * 28 * 28
+VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)  # its default budget across a video's frames
 
 
 def sample_indices(source_count: int, nframes: int) -> list[int]:
@@ -46,7 +62,7 @@ def _ceil_by(x: float, factor: int) -> int:
 
 
 def smart_resize(
-    height: int, width: int, *, factor: int = PATCH_FACTOR, min_pixels: int, max_pixels: int
+    height: int, width: int, *, factor: int = PATCH_FACTOR, min_pixels: float, max_pixels: float
 ) -> tuple[int, int]:
     """Qwen's rule: sides multiples of `factor`, area within [min_pixels, max_pixels], aspect kept.
 
@@ -75,3 +91,22 @@ def smart_resize(
     return h_bar, w_bar
 
 
+def image_size(height: int, width: int, *, max_pixels: int, min_pixels: int = IMAGE_MIN_PIXELS) -> tuple[int, int]:
+    """(height, width) of a still image (PRIMO-R1's first and last frames)."""
+    return smart_resize(height, width, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def video_frame_size(height: int, width: int, nframes: int, *, max_pixels: int | None = None,
+                     min_pixels: int = VIDEO_MIN_PIXELS, video_max_pixels: int = VIDEO_MAX_PIXELS,
+                     total_pixels: int = VIDEO_TOTAL_PIXELS) -> tuple[int, int]:
+    """(height, width) of every frame of an `nframes`-frame video, by qwen-vl-utils' video rule."""
+    cap = max(min(video_max_pixels, total_pixels / nframes * FRAME_FACTOR), int(min_pixels * 1.05))
+    if max_pixels is not None:
+        cap = min(max_pixels, cap)
+    return smart_resize(height, width, min_pixels=min_pixels, max_pixels=cap)  # a float, as there
+
+
+def vision_tokens(height: int, width: int, frames: int = 1, *, video: bool) -> int:
+    """Qwen2.5-VL's prompt tokens for one image or video part, its start/end tokens included."""
+    grid = (height // PATCH_FACTOR) * (width // PATCH_FACTOR)
+    return (math.ceil(frames / FRAME_FACTOR) if video else 1) * grid + 2

@@ -51,7 +51,7 @@ FIELD_CASES = {
     "nframes just over cap": ({"nframes": 129}, "nframes"),
     "max_pixels zero": ({"max_pixels": 0}, "max_pixels"),
     "max_pixels negative": ({"max_pixels": -5}, "max_pixels"),
-    "max_pixels under min_pixels": ({"max_pixels": 3135}, "max_pixels"),
+    "max_pixels under one patch": ({"max_pixels": 783}, "max_pixels"),
     "max_pixels over limit": ({"max_pixels": 1_605_633}, "max_pixels"),
     "max_pixels 10**12": ({"max_pixels": 10**12}, "max_pixels"),
     "max_pixels 2**63": ({"max_pixels": 2**63}, "max_pixels"),

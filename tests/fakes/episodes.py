@@ -55,3 +55,15 @@ def images_b64(frames: np.ndarray, ext: str = ".png") -> list[str]:
 def decode_jpeg_b64(data: str) -> np.ndarray:
     raw = np.frombuffer(base64.b64decode(data, validate=True), dtype=np.uint8)
     return cv2.cvtColor(cv2.imdecode(raw, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+
+def write_lossless_video(path: Path, frames: np.ndarray, fps: float = 20.0) -> Path:
+    """FFV1 in AVI: decodes to exactly `frames` (for tests that compare bytes across transports)."""
+    height, width = frames.shape[1:3]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), fps, (width, height))
+    if not writer.isOpened():
+        raise RuntimeError("OpenCV cannot write FFV1 here")
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    return path

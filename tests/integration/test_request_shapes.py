@@ -34,20 +34,20 @@ def test_qwen_request_is_video_then_text_with_every_frame_and_timing(client, fak
     parts = body["messages"][-1]["content"]
     assert [p["type"] for p in parts] == ["video_url", "text"]
     assert "put the bowl on the plate" in parts[1]["text"]
-    # vLLM keeps num_frames pieces; the proxy says exactly how many it sent, with the sampled fps
+    # vLLM keeps num_frames pieces; the proxy says exactly how many it sent, and the seed's rate
     video = body["media_io_kwargs"]["video"]
     assert video["num_frames"] == 16
-    assert video["fps"] == pytest.approx(20 * 16 / 40)
+    assert video["fps"] == 4.0  # presentation_fps "seed": the request gave no video_fps, so 4
     frames = _video_frames(parts[0], video["num_frames"])
     assert len(frames) == 16
     levels = [frame_level(f) for f in frames]
     assert levels == sorted(levels) and levels[0] < 25 and levels[-1] > 230  # first..last, in order
-    assert all(f.shape == (252, 252, 3) for f in frames)  # 256 → 252, a multiple of 28
+    assert all(f.shape == (336, 336, 3) for f in frames)  # qwen-vl-utils' video floor: 256 → 336
     assert frames[0][5, 5].tolist()[0] > 200 and frames[0][5, 5].tolist()[2] < 60  # RGB kept
     assert set(body) >= SAMPLING_KEYS and body["n"] == 1 and body["stream"] is False
     result = response.json()
     assert result["frames"]["indices"][0] == 0 and result["frames"]["indices"][-1] == 39
-    assert result["frames"]["size"] == [252, 252]
+    assert result["frames"]["size"] == [336, 336] and result["frames"]["sampled_fps"] == pytest.approx(8.0)
     assert result["score"] == pytest.approx(0.75) and result["parse"]["source"] == "score_tag"
 
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from launchers.commands import MEDIA_IO_KWARGS, replica_commands, shell_line
+from launchers.plan import plan_stack
 from proxy.config import load_settings, settings_from_dict
 from proxy.errors import ConfigError
-from proxy.launch.commands import MEDIA_IO_KWARGS, plan_stack, replica_commands, shell_line
 from tests.launchers.conftest import PRIMO_PATH, QWEN_PATH, REPO, stack_config
 
 ENV = {"QWEN2_5_VL_MODEL_PATH": QWEN_PATH, "PRIMO_R1_MODEL_PATH": PRIMO_PATH}
@@ -26,7 +27,7 @@ def plan_of(data: dict, env: dict | None = None, **kwargs):
 
 def common_flags(model_path: str, name: str, tp: int, limit: str, port: int) -> list[str]:
     return ["vllm", "serve", model_path, "--served-model-name", name,
-            "--tensor-parallel-size", str(tp), "--max-model-len", "32768",
+            "--tensor-parallel-size", str(tp), "--max-model-len", "16384",
             "--gpu-memory-utilization", "0.9", "--limit-mm-per-prompt", limit,
             "--media-io-kwargs", '{"video": {"num_frames": -1}}', "--trust-request-mm-kwargs",
             "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
@@ -189,3 +190,39 @@ def test_gpu_position_outside_the_parents_cuda_visible_devices_is_a_plan_error()
         "process has CUDA_VISIBLE_DEVICES=4,5 (2 GPU(s), positions 0-1)",
         "backends.PRIMO-R1.launch.replicas[1].gpus [3]: GPU position(s) [3] out of range; this "
         "process has CUDA_VISIBLE_DEVICES=4,5 (2 GPU(s), positions 0-1)"]
+
+
+def test_replica_env_goes_over_the_backend_env_for_that_replica_only():
+    data = four_gpu(primo_launch={"env": {"HF_HOME": "${CACHE_ROOT}/hf", "OMP_NUM_THREADS": "4"}})
+    data["backends"]["PRIMO-R1"]["launch"]["replicas"][1]["env"] = {
+        "OMP_NUM_THREADS": "8", "VLLM_CPU_OMP_THREADS_BIND": "${CORES_R1}"}
+    plan = plan_of(data, {**ENV, "CACHE_ROOT": "/scratch", "CORES_R1": "8-15"})
+    assert plan.errors == []
+    r0, r1 = (c for c in plan.commands if c.backend == "PRIMO-R1")
+    assert r0.env == {"CUDA_VISIBLE_DEVICES": "2", "HF_HOME": "/scratch/hf", "OMP_NUM_THREADS": "4"}
+    assert r1.env == {"CUDA_VISIBLE_DEVICES": "3", "HF_HOME": "/scratch/hf", "OMP_NUM_THREADS": "8",
+                      "VLLM_CPU_OMP_THREADS_BIND": "8-15"}
+    assert r1.shell_line().startswith("CUDA_VISIBLE_DEVICES=3 HF_HOME=/scratch/hf "
+                                      "OMP_NUM_THREADS=8 VLLM_CPU_OMP_THREADS_BIND=8-15 vllm serve ")
+    assert ["8003" if a == "8002" else a for a in r0.argv] == r1.argv  # the env is all that differs
+
+
+def test_replica_env_variables_must_be_set():
+    data = four_gpu()
+    data["backends"]["qwen2_5_vl_vllm"]["launch"]["replicas"][0]["env"] = {"BIND": "${CORES}"}
+    with pytest.raises(ConfigError, match=r"replicas\[0\]\.env\.BIND uses \$\{CORES\}.*not set"):
+        plan_of(data)
+    plan = plan_of(data, strict=False)
+    assert [e for e in plan.errors if "CORES" in e] == [
+        "backends.qwen2_5_vl_vllm.launch.replicas[0].env.BIND uses ${CORES} but the environment "
+        "variable CORES is not set or empty (export it, e.g. the local path of the weights)"]
+    assert plan.commands[0].env["BIND"] == "${CORES}"  # dry runs show the placeholder
+
+
+def test_cuda_visible_devices_in_a_replica_env_is_refused():
+    data = four_gpu()
+    data["backends"]["PRIMO-R1"]["launch"]["replicas"][1]["env"] = {"CUDA_VISIBLE_DEVICES": "0"}
+    plan = plan_of(data)
+    assert plan.errors == ["backends.PRIMO-R1.launch.replicas[1].env sets CUDA_VISIBLE_DEVICES; "
+                           "choose GPUs with replicas[].gpus"]
+    assert plan.commands[2].env["CUDA_VISIBLE_DEVICES"] == "3"  # the plan's GPUs, never the override

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from proxy.launch.cli import add_subcommands
+from launchers.cli import add_subcommands
 from tests.launchers.conftest import PRIMO_PATH, QWEN_PATH, REPO, stack_config, write_config
 
 EXAMPLE = REPO / "configs" / "stack-4gpu.yaml"
@@ -32,7 +32,7 @@ def test_dry_run_of_the_shipped_config(capsys, tmp_path):
     assert cli("up", "--config", str(EXAMPLE), "--dry-run", "--runs-dir", "runs") == 0
     out = capsys.readouterr().out
     limit_primo = "'{\"image\": 2, \"video\": 1}'"
-    tail = ("--max-model-len 32768 --gpu-memory-utilization 0.9 --limit-mm-per-prompt {limit} "
+    tail = ("--max-model-len 16384 --gpu-memory-utilization 0.9 --limit-mm-per-prompt {limit} "
             "--media-io-kwargs '{{\"video\": {{\"num_frames\": -1}}}}' --trust-request-mm-kwargs "
             "--host 127.0.0.1 --port {port} --seed 0")
     expected = [
@@ -130,3 +130,19 @@ def test_dry_run_maps_gpus_through_the_parents_cuda_visible_devices(capsys, monk
     assert cli("up", "--config", str(EXAMPLE), "--dry-run") == 2
     out = capsys.readouterr().out
     assert "backends.PRIMO-R1.launch.replicas[0].gpus [2]: GPU position(s) [2] out of range" in out
+
+
+def test_dry_run_shows_each_replicas_own_environment(capsys, tmp_path):
+    data = stack_config(proxy_port=18080, qwen_replicas=[{"gpus": [0], "port": 8001}],
+                        primo_replicas=[{"gpus": [1], "port": 8002, "env": {"OMP_NUM_THREADS": "2"}},
+                                        {"gpus": [2], "port": 8003, "env": {"OMP_NUM_THREADS": "6"}}],
+                        primo_launch={"env": {"VLLM_LOGGING_LEVEL": "DEBUG", "OMP_NUM_THREADS": "1"}})
+    config = write_config(tmp_path / "c.yaml", data)
+    assert cli("up", "--config", str(config), "--dry-run") == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = [line.strip() for line in lines if " vllm serve " in line]
+    assert commands[0].startswith(f"CUDA_VISIBLE_DEVICES=0 vllm serve {QWEN_PATH} ")
+    assert commands[1].startswith("CUDA_VISIBLE_DEVICES=1 VLLM_LOGGING_LEVEL=DEBUG OMP_NUM_THREADS=2 "
+                                  f"vllm serve {PRIMO_PATH} ")
+    assert commands[2].startswith("CUDA_VISIBLE_DEVICES=2 VLLM_LOGGING_LEVEL=DEBUG OMP_NUM_THREADS=6 "
+                                  f"vllm serve {PRIMO_PATH} ")

@@ -1,4 +1,4 @@
-"""launchers/serve_*.sh: argument handling, and the same flags as proxy/launch/commands.py.
+"""launchers/serve_*.sh: argument handling, and the same flags as launchers/commands.py.
 
 Each script runs for real with the stand-in `vllm` first on PATH (FAKE_VLLM_EXIT_CODE=0 makes it
 record its argv and environment, then exit instead of serving)."""
@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
+from launchers.commands import replica_commands, shell_line, vllm_argv
 from proxy.config import BackendConfig
-from proxy.launch.commands import replica_commands, shell_line, vllm_argv
 from tests.launchers.conftest import LAUNCHERS, PRIMO_MODEL, QWEN_MODEL, FakeVllmEnv
 
 SCRIPTS = {
@@ -121,7 +121,7 @@ def test_dry_run_prints_without_running(run_script, fake_vllm_env):
     result = run_script("serve_primo_r1.sh", "/m", "--gpus", "2", "--dry-run")
     assert result.returncode == 0
     expected = vllm_argv(model_path="/m", served_model_name=PRIMO_MODEL, tensor_parallel_size=1,
-                         max_model_len=32768, gpu_memory_utilization=0.9,
+                         max_model_len=16384, gpu_memory_utilization=0.9,
                          limit_mm={"image": 2, "video": 1}, host="127.0.0.1", port=8002, seed=0)
     assert result.stdout == shell_line(expected, {"CUDA_VISIBLE_DEVICES": "2"}) + "\n"
     assert fake_vllm_env.records() == {}

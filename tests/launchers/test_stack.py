@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
+from launchers.plan import plan_stack
 from proxy.config import load_settings
-from proxy.launch.commands import plan_stack
 from tests.launchers.conftest import (
     FakeVllmEnv,
     Reaper,
@@ -230,3 +231,81 @@ def test_a_missing_vllm_executable_is_a_clear_error(tmp_path, fake_vllm_env, rea
                         "--runs-dir", str(tmp_path / "runs"))
     assert result.returncode == 2
     assert "vllm executable '/nonexistent/vllm' not found" in result.stderr
+
+
+def failure_line(text: str, name: str) -> str:
+    """The one-line summary `up` printed for `name` (the line that starts its error)."""
+    return next(line for line in text.splitlines() if line.startswith(f"error: {name} (pid "))
+
+
+@pytest.mark.parametrize(("setting", "described"), [
+    ({"EXIT_CODE": "1", "TRACEBACK": "RuntimeError: CUDA out of memory (fake)"},
+     "exited with code 1 while loading"),
+    ({"EXIT_CODE": "0"}, "exited on its own (code 0) while loading"),
+    ({"EXIT_SIGNAL": "SIGSEGV"}, "was killed by SIGSEGV while loading"),
+])
+def test_a_server_dying_while_loading_is_described_precisely(tmp_path, fake_vllm_env, reaper,
+                                                              setting, described):
+    config, (qwen, primo0, _, _) = three_replicas(tmp_path)
+    result = reaper.run("up", "--config", str(config), "--no-proxy", "--runs-dir",
+                        str(tmp_path / "runs"), *FAST, **{
+                            f"FAKE_VLLM_DELAY_S_{qwen}": "30", f"FAKE_VLLM_DELAY_S_{primo0}": "0.3",
+                            **{f"FAKE_VLLM_{k}_{primo0}": v for k, v in setting.items()}})
+    assert result.returncode == 1
+    pid = fake_vllm_env.records()[primo0]["pid"]
+    summary = failure_line(result.stderr, "PRIMO-R1-r0")
+    assert summary.startswith(f"error: PRIMO-R1-r0 (pid {pid}) {described}, after ")
+    assert "exited with code 0" not in result.stderr + result.stdout
+    if "TRACEBACK" in setting:  # the one-line summary quotes the error; the tail shows the rest
+        assert (f"s; last error in its log: (APIServer pid={pid}) RuntimeError: CUDA out of memory "
+                "(fake); last lines of ") in summary
+        assert "EngineCore failed to start." in result.stderr
+    elif "EXIT_CODE" in setting:
+        assert "; last error in its log: ERROR fake vllm: exiting with code 0 as asked" in summary
+    else:
+        assert "last error in its log" not in summary
+    assert f"PRIMO-R1-r0 (pid {pid}): {described.split(' while ')[0]} before the stop" in result.stdout
+    for pid in fake_vllm_env.all_pids():
+        assert not alive(pid), pid
+
+
+def test_replica_env_reaches_only_its_server_and_a_code_0_exit_while_serving_is_reported(
+        tmp_path, fake_vllm_env, reaper):
+    ports = free_ports(4)
+    crash = {"FAKE_VLLM_CRASH_AFTER_S": "1.5", "FAKE_VLLM_TRACEBACK": "RuntimeError: engine died (fake)"}
+    data = stack_config(proxy_port=ports[3], qwen_replicas=[{"gpus": [0], "port": ports[0]}],
+                        primo_replicas=[{"gpus": [1], "port": ports[1], "env": crash},
+                                        {"gpus": [2], "port": ports[2],
+                                         "env": {"OMP_NUM_THREADS": "${R1_THREADS}"}}],
+                        primo_launch={"env": {"OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "DEBUG"}})
+    config = write_config(tmp_path / "stack.yaml", data)
+    out, pid_file = tmp_path / "up.out", tmp_path / "stack.json"
+    up = reaper.up("--config", str(config), "--no-proxy", "--pid-file", str(pid_file),
+                   "--runs-dir", str(tmp_path / "runs"), *FAST, out=out, R1_THREADS="6")
+    state = running_pid_file(pid_file, up)
+    records = fake_vllm_env.records()
+    envs = [records[p]["env"] for p in ports[:3]]
+    assert [e.get("OMP_NUM_THREADS") for e in envs] == [None, "1", "6"]
+    assert [e.get("VLLM_LOGGING_LEVEL") for e in envs] == [None, "DEBUG", "DEBUG"]
+    assert [e.get("FAKE_VLLM_CRASH_AFTER_S") for e in envs] == [None, "1.5", None]
+    commands_sh = (Path(state["run_dir"]) / "commands.sh").read_text().splitlines()
+    assert commands_sh[3].startswith("CUDA_VISIBLE_DEVICES=1 OMP_NUM_THREADS=1 VLLM_LOGGING_LEVEL=DEBUG "
+                                     "FAKE_VLLM_CRASH_AFTER_S=1.5 "
+                                     "FAKE_VLLM_TRACEBACK='RuntimeError: engine died (fake)' vllm serve ")
+    assert commands_sh[5].startswith("CUDA_VISIBLE_DEVICES=2 OMP_NUM_THREADS=6 "
+                                     "VLLM_LOGGING_LEVEL=DEBUG vllm serve ")
+
+    pid = records[ports[1]]["pid"]
+    wait_until(lambda: "error: PRIMO-R1-r0" in out.read_text(), 15, "up to report the exit")
+    summary = failure_line(out.read_text(), "PRIMO-R1-r0")
+    assert summary.startswith(f"error: PRIMO-R1-r0 (pid {pid}) exited on its own (code 0) while "
+                              "serving, after ")
+    assert (f"; last error in its log: (APIServer pid={pid}) RuntimeError: engine died (fake); the "
+            f"proxy now reports http://127.0.0.1:{ports[1]}/v1 as not ready") in summary
+    up.send_signal(signal.SIGTERM)
+    assert up.wait(30) == 0
+    text = out.read_text()
+    assert (f"PRIMO-R1-r0 (pid {pid}): exited on its own (code 0) before the stop; last error in "
+            f"its log: (APIServer pid={pid}) RuntimeError: engine died (fake)") in text
+    assert "exited with code 0" not in text
+    assert f"PRIMO-R1-r1 (pid {records[ports[2]]['pid']}): was killed by SIGTERM" in text

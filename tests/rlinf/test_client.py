@@ -21,6 +21,8 @@ from rlinf_client import (
     NotFoundError,
     RateLimitError,
     RewardClient,
+    RewardConfigError,
+    RewardModelConfig,
     ServiceUnavailableError,
     UnprocessableEntityError,
 )
@@ -51,7 +53,8 @@ async def test_a_score_and_what_was_sent():
     [body] = fake.score_requests
     assert body["task_text"] == "open the drawer" and body["backend"] == "PRIMO-R1"
     assert body["backend_kwargs"] == {"score_mode": "auto"} and body["max_pixels"] == 200704
-    assert (body["nframes"], body["fps"]) == (16, 4.0)  # 16 picked here, presented at video_fps
+    # 16 of the 40 steps picked here: their real rate at LIBERO's 20 Hz, and the seed's video_fps
+    assert (body["nframes"], body["fps"], body["video_fps"]) == (16, 20.0 * 16 / 40, 4.0)
     assert "video_path" not in body and "frames" not in body
 
 
@@ -60,8 +63,8 @@ async def test_without_client_sampling_all_frames_go_and_the_clip_rate_is_kept()
     async with client_for(fake, client_sampling=False) as client:
         await client.score_episode(FRAMES, "t")
     [body] = fake.score_requests
-    assert body["nframes"] == 16 and body["fps"] == pytest.approx(4.0 * 40 / 16)
-    assert body["fps"] * 16 / 40 == pytest.approx(4.0)  # what the proxy computes for the clip
+    # all 40 steps go, at their real rate; the proxy picks 16 and presents them at video_fps
+    assert (body["nframes"], body["fps"], body["video_fps"]) == (16, 20.0, 4.0)
 
 
 async def test_a_retryable_503_is_retried_after_its_retry_after():
@@ -122,12 +125,12 @@ async def test_failures_raise_typed_errors_with_the_proxys_code(response, error_
     assert len(fake.requests) == 1 and client.stats.failures == 1
 
 
-async def test_without_fail_on_request_error_the_fallback_is_marked_and_counted():
+async def test_the_fallback_env_success_uses_the_simulators_flag_marked_and_counted():
     fake = FakeProxy(script=[error_response(502, "unparseable_score"),
                              error_response(422, "invalid_request")])
-    async with client_for(fake) as client:
+    async with client_for(fake, fallback="env_success") as client:
         first = await client.score_episode(FRAMES, "t", fallback=1.0)
-        second = await client.score_episode(FRAMES, "t")  # no fallback given: None, never 0
+        second = await client.score_episode(FRAMES, "t")  # no flag given: None, never a guess
         third = await client.score_episode(FRAMES, "t", fallback=0.0)
     assert (first.ok, first.value, first.score, first.reason) == (False, 1.0, None, "unparseable_score")
     assert isinstance(first.error, BadGatewayError) and first.fallback
@@ -135,6 +138,29 @@ async def test_without_fail_on_request_error_the_fallback_is_marked_and_counted(
     assert third.ok and third.value == 0.5
     assert client.stats.failures == 2 and client.stats.scored == 1
     assert dict(client.stats.failure_reasons) == {"unparseable_score": 1, "invalid_request": 1}
+
+
+@pytest.mark.parametrize(("settings", "policy"), [
+    ({}, "zero"), ({"fail_on_request_error": False}, "zero"), ({"fail_on_request_error": True}, "raise"),
+    ({"fallback": "zero"}, "zero"), ({"fallback": "env_success"}, "env_success"), ({"fallback": "raise"}, "raise")])
+async def test_the_failure_policy_is_an_explicit_choice_never_the_simulator_by_default(settings, policy):
+    fake = FakeProxy(script=[error_response(502, "unparseable_score")])
+    async with client_for(fake, **settings) as client:
+        assert client.config.failure_policy == policy
+        if policy == "raise":
+            with pytest.raises(BadGatewayError):
+                await client.score_episode(FRAMES, "t", fallback=1.0)
+            return
+        result = await client.score_episode(FRAMES, "t", fallback=1.0)  # the simulator said success
+    assert (result.ok, result.value) == (False, {"zero": 0.0, "env_success": 1.0}[policy])
+    assert client.stats.failures == 1
+
+
+def test_a_contradictory_failure_policy_is_refused():
+    with pytest.raises(RewardConfigError, match="fail_on_request_error: true means fallback: raise"):
+        RewardModelConfig(fail_on_request_error=True, fallback="env_success")
+    with pytest.raises(RewardConfigError, match="fallback must be one of"):
+        RewardModelConfig(fallback="simulator")
 
 
 async def test_the_timeout_bounds_a_proxy_that_never_answers():
@@ -212,7 +238,7 @@ async def test_a_refused_batch_falls_back_to_score_and_bad_frames_fail_alone():
     async with client_for(fake, batch="auto") as client:
         results = await client.score_episodes([(FRAMES, "a", 0.0), bad, (FRAMES, "b", 0.0)])
         assert [(r.ok, r.value, r.reason) for r in results] == [
-            (True, 0.4, None), (False, 1.0, "invalid_frames"), (True, 0.4, None)]
+            (True, 0.4, None), (False, 0.0, "invalid_frames"), (True, 0.4, None)]  # fallback: zero
         assert client.uses_batch is False
     assert [path for path, _ in fake.requests] == ["/score/batch", "/score/batch", "/score", "/score"]
 
@@ -385,7 +411,7 @@ async def test_an_unwritable_temp_video_dir_follows_the_failure_policy(tmp_path)
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     fake = FakeProxy()
-    async with client_for(fake, transport="path", temp_video_dir=str(not_a_dir)) as client:
+    async with client_for(fake, transport="path", temp_video_dir=str(not_a_dir), fallback="env_success") as client:
         result = await client.score_episode(FRAMES, "t", fallback=1.0)
         assert (result.ok, result.value, result.reason) == (False, 1.0, "invalid_frames")
         assert isinstance(result.error, FramesError) and "cannot write temp MP4" in str(result.error)

@@ -144,7 +144,7 @@ def test_names_and_metrics_from_the_command_line(run_dirs, tmp_path):
     assert run_curves([str(run_dirs[0]), str(run_dirs[1]), "--out", str(out), "--name", "A",
                        "--name", "B", "--metric", "env/episode_len", "--smoothing", "0.9"]) == 0
     with Image.open(out / "curves.png") as image:
-        assert image.text["Description"] == "runs: A, B"
+        assert image.text["Description"] .startswith("runs: A, B")
 
 
 def test_a_folder_without_event_files_is_an_error(tmp_path, capsys):
@@ -164,3 +164,18 @@ def test_the_proxy_cli_registers_curves():
 
     args = build_parser().parse_args(["curves", "some/run", "--out", "x"])
     assert args.run_dirs == ["some/run"] and callable(args.func)
+
+
+def test_a_nonzero_fallback_rate_is_impossible_to_miss(run_dirs, tmp_path, capsys):
+    """Run B fell back on 25% of one step's episodes: the console, the figure's title and the top
+    of the page all say so, in words (and in red)."""
+    out = tmp_path / "out"
+    assert run_curves([str(d) for d in run_dirs] + ["--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: libero_10_grpo_openvlaoft_runB_qwen: 0.8% of episodes (up to 25.0% in one step)" in err
+    assert "runA" not in err and "runC" not in err  # runs without fallbacks are not flagged
+    page = (out / "curves.html").read_text(encoding="utf-8")
+    banner = page[page.index("<body>"):page.index("<h1>")]
+    assert 'class="fallback" role="alert"' in banner and "runB_qwen: 0.8% of episodes" in banner
+    with Image.open(out / "curves.png") as image:  # the figure's red title says it too
+        assert "FALLBACK REWARDS: libero_10_grpo_openvlaoft_runB_qwen: 0.8%" in image.text["Description"]

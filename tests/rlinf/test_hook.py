@@ -132,15 +132,18 @@ def test_continuous_scores(fake, rel):
     np.testing.assert_allclose(rewards, expected, rtol=1e-6)
 
 
-def test_failed_requests_fall_back_to_the_simulator_flag_marked_and_counted(fake, client):
+def test_failed_requests_fall_back_to_the_simulator_flag_marked_and_counted(fake):
     def fails_for_odd_envs(body, frames):
         env_id = frame_tag(frames[-1])[0]
         return error_response(502, "unparseable_score") if env_id % 2 else ENV_SCORES[env_id]
 
     fake.score_fn = fails_for_odd_envs
     success = [3, 10, None, None, 7, 6]
-    env = StandInLiberoEnv(env_cfg(), success, client=client)
-    rewards, infos = run_chunks(env, 3)
+    cfg = env_cfg(model={"fallback": "env_success"})  # the explicit choice; never the default
+    with RewardClient(cfg["reward_model"], http_transport=fake.transport()) as inner:
+        client = Recording(inner)
+        env = StandInLiberoEnv(cfg, success, client=client)
+        rewards, infos = run_chunks(env, 3)
     ends = expected_end_steps(success, 24)
     # env 1 succeeded (fallback 1 -> 5), env 3 truncated (fallback 0 -> 0), env 5 succeeded.
     assert [rewards[i, ends[i] - 1] for i in range(6)] == [5.0, 5.0, 5.0, 0.0, 0.0, 5.0]
@@ -148,6 +151,27 @@ def test_failed_requests_fall_back_to_the_simulator_flag_marked_and_counted(fake
     np.testing.assert_array_equal(last["vlm_fallback"], [0, 1, 0, 1, 0, 1])
     np.testing.assert_allclose(last["vlm_score"], [0.9, 1.0, 0.7, 0.0, 0.1, 1.0], rtol=1e-6)
     assert env.vlm_reward.failures == 3 and client.inner.stats.failures == 3
+
+
+@pytest.mark.parametrize(("policy", "paid"), [("zero", [5.0, 0.0, 5.0, 0.0, 0.0, 0.0]), ("raise", None)])
+def test_the_default_fallbacks_never_pay_the_simulators_flag(fake, policy, paid):
+    def fails_for_odd_envs(body, frames):
+        env_id = frame_tag(frames[-1])[0]
+        return error_response(502, "unparseable_score") if env_id % 2 else ENV_SCORES[env_id]
+
+    fake.score_fn = fails_for_odd_envs
+    success = [3, 10, None, None, 7, 6]
+    cfg = env_cfg(model={"fallback": policy})
+    with RewardClient(cfg["reward_model"], http_transport=fake.transport()) as client:
+        env = StandInLiberoEnv(cfg, success, client=client)
+        if paid is None:
+            with pytest.raises(BadGatewayError):
+                run_chunks(env, 3)
+            return
+        rewards, infos = run_chunks(env, 3)
+    ends = expected_end_steps(success, 24)
+    assert [rewards[i, ends[i] - 1] for i in range(6)] == paid  # envs 1 and 5 succeeded: still 0
+    np.testing.assert_array_equal(infos[-1]["episode"]["vlm_fallback"], [0, 1, 0, 1, 0, 1])
 
 
 def test_fail_on_request_error_stops_the_step_with_the_proxys_code(fake):

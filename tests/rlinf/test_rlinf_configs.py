@@ -61,9 +61,12 @@ def test_the_three_overlays_differ_only_in_the_reward_model_and_the_name():
     runs = [flatten(yaml.safe_load(p.read_text())) for p in OVERLAYS]
     assert runs[0].keys() == runs[1].keys() == runs[2].keys()
     differing = {key for key in runs[0] if len({str(run[key]) for run in runs}) > 1}
+    # PRIMO-R1 reasons up to 4096 tokens: its run waits longer per scoring call
     assert differing == {"runner.logger.experiment_name", "env.train.reward_model.enable",
-                         "env.train.reward_model.backend"}
+                         "env.train.reward_model.backend", "env.train.reward_model.timeout"}
     assert [run["env.train.reward_model.backend"] for run in runs] == [None, "qwen2_5_vl_vllm", "PRIMO-R1"]
+    # the seed's runB/runC failure semantics: a failed episode stops the run, never the simulator's flag
+    assert all(run["env.train.reward_model.fallback"] == "raise" for run in runs)
     assert all(run["env.train.group_size"] == "${algorithm.group_size}" for run in runs)
     assert all("PLACEHOLDER" in run["actor.model.model_path"] for run in runs)
     for path in OVERLAYS:

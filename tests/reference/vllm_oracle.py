@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vLLM contract oracle: check a chat-completions request body with vLLM's OWN code.
 
-Run with the contract venv's python (``scripts/contract_env.sh`` builds it; vllm==0.32.0 on a CPU
+Run with the reference venv's python (``scripts/reference_env.sh`` builds it; vllm==0.32.0 on a CPU
 torch). This file imports nothing from the project.
 
 stdin : one JSON document, or a JSON list of them (answered with a list, same order)::

@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.contract.oracle import (
+from tests.reference.oracle import (
     LAUNCHER_SERVER,
     ORACLE_SCRIPT,
-    contract_python,
     image_parts,
     only_video,
+    reference_python,
     run_oracle,
 )
 
-pytestmark = pytest.mark.contract
+pytestmark = pytest.mark.reference
 
 N_FRAMES = 40
 
@@ -183,7 +183,7 @@ def test_image_part_and_message_order(reports):
 
 def test_single_document_answers_single_report():
     """A non-list stdin document gets a single JSON object back (not a list)."""
-    python = contract_python()
+    python = reference_python()
     doc = {"request": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2,
                        "temperature": 0.0},
            "server": {"trust_request_mm_kwargs": False}}

@@ -1,14 +1,16 @@
-"""Run vLLM's own request/media code on requests the proxy built (the "contract tier").
+"""The reference tier: the proxy's work checked by the reference implementations themselves —
+vLLM 0.32's own request/media code (vllm_oracle.py) and qwen-vl-utils' frame rules
+(qwen_vl_utils_oracle.py).
 
-Imported by tests in the MAIN environment: no vllm import here. The checks run in a separate
-interpreter, the contract venv built by ``scripts/contract_env.sh``::
+Imported by tests in the MAIN environment: no vllm or torch import here. The checks run in the
+reference venv built by ``scripts/reference_env.sh`` (its last line is its `vllm`; python is beside it)::
 
-    export VLM_CONTRACT_PYTHON="$(scripts/contract_env.sh | tail -n1)"
+    export VLM_REFERENCE_PYTHON="$(dirname "$(scripts/reference_env.sh | tail -n1)")/python"
 
-Tests skip when ``VLM_CONTRACT_PYTHON`` is unset, and fail instead when ``VLM_REQUIRE_CONTRACT=1``.
-Each oracle start costs several seconds (torch + vllm imports): batch requests into one
-``run_oracle`` call (e.g. from a module-scoped fixture). The report format is documented at the
-top of ``vllm_oracle.py``.
+Tests skip when ``VLM_REFERENCE_PYTHON`` is unset, and fail instead when ``VLM_REQUIRE_REFERENCE=1``
+(`make test` and .ci/run set both). Each oracle start costs seconds (torch + vllm imports): batch
+requests into one call (e.g. from a module-scoped fixture). The report formats are documented at
+the top of each oracle script.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 import pytest
 
 ORACLE_SCRIPT = Path(__file__).resolve().with_name("vllm_oracle.py")
-ENV_PYTHON = "VLM_CONTRACT_PYTHON"
-ENV_REQUIRE = "VLM_REQUIRE_CONTRACT"
+QWEN_VL_UTILS_SCRIPT = Path(__file__).resolve().with_name("qwen_vl_utils_oracle.py")
+ENV_PYTHON = "VLM_REFERENCE_PYTHON"
+ENV_REQUIRE = "VLM_REQUIRE_REFERENCE"
 
 # `server` blocks for the two deployments that matter.
 # What our launchers start: trusted per-request kwargs, keep-all-frames safety net.
@@ -44,19 +47,19 @@ def launcher_server(limit_mm_per_prompt: dict[str, int] | None = None) -> dict[s
     return server
 
 
-def contract_python() -> str:
-    """Path of the contract venv's python; skips (or fails under VLM_REQUIRE_CONTRACT=1) if unset."""
+def reference_python() -> str:
+    """Path of the reference venv's python; skips (or fails under VLM_REQUIRE_REFERENCE=1) if unset."""
     path = os.environ.get(ENV_PYTHON, "").strip()
     required = os.environ.get(ENV_REQUIRE, "") == "1"
     if not path:
-        msg = (f"{ENV_PYTHON} is not set: the vLLM contract checks need the contract venv; build it "
-               f'with `export {ENV_PYTHON}="$(scripts/contract_env.sh | tail -n1)"`')
+        msg = (f"{ENV_PYTHON} is not set: the reference checks need the reference venv; build it with "
+               f'`export {ENV_PYTHON}="$(dirname "$(scripts/reference_env.sh | tail -n1)")/python"`')
         if required:
             pytest.fail(f"{ENV_REQUIRE}=1 but {msg}", pytrace=False)
         pytest.skip(msg)
     if not (Path(path).is_file() and os.access(path, os.X_OK)):
         # Set but broken is a misconfiguration, never a silent skip.
-        pytest.fail(f"{ENV_PYTHON}={path!r} is not an executable file; rerun scripts/contract_env.sh",
+        pytest.fail(f"{ENV_PYTHON}={path!r} is not an executable file; rerun scripts/reference_env.sh",
                     pytrace=False)
     return path
 
@@ -68,7 +71,7 @@ def payload(request: dict[str, Any], server: dict[str, Any] | None = None) -> di
 
 def run_oracle(payloads: list[dict[str, Any]], *, timeout: float = 600.0) -> list[dict[str, Any]]:
     """Check a batch of ``{"request": ..., "server": ...}`` documents in ONE oracle process."""
-    python = contract_python()
+    python = reference_python()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     env.setdefault("OMP_NUM_THREADS", "1")  # decoding is PIL/numpy; keep torch from grabbing all cores
     env["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
@@ -107,3 +110,14 @@ def only_video(report: dict[str, Any]) -> dict[str, Any]:
 
 def image_parts(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for m in report["messages"] for p in m["parts"] if p["type"] == "image_url"]
+
+
+def run_qwen_vl_utils(request: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
+    """qwen-vl-utils' answers for a batch of smart_resize and video cases (qwen_vl_utils_oracle.py)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run([reference_python(), str(QWEN_VL_UTILS_SCRIPT)], input=json.dumps(request),
+                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"qwen_vl_utils_oracle.py exited {proc.returncode}; stderr tail:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)

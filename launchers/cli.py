@@ -1,4 +1,8 @@
-"""`vlm-reward-proxy up` and `down`: the stack of `vllm serve` processes plus the proxy."""
+"""`vlm-reward-proxy up` and `down`: the stack of `vllm serve` processes plus the proxy.
+
+`add_subcommands(subparsers)` registers both (proxy/cli.py calls it when this package is
+installed); `run_up_command` checks the plan, then hands the processes to supervisor.Stack.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +16,15 @@ import threading
 import time
 from pathlib import Path
 
-from proxy.config import Settings, load_settings
+from launchers.commands import shell_line, url_host
+from launchers.detach import run_detached
+from launchers.pidfile import read_pid_file, stop_from_pid_file, up_is_running
+from launchers.plan import Plan, gpu_assignment, plan_stack, ports_in_use
+from launchers.supervisor import Stack, StackFailure, StopRequested
+from proxy.config import Settings, connect_host, load_settings
 from proxy.errors import ConfigError
-from proxy.launch.commands import Plan, gpu_assignment, plan_stack, shell_line
-from proxy.launch.stack import (
-    Stack,
-    StackFailure,
-    StopRequested,
-    ports_in_use,
-    read_pid_file,
-    stop_from_pid_file,
-    tail_lines,
-    up_is_running,
-)
+
+__all__ = ["add_subcommands", "run_down_command", "run_up_command"]
 
 DEFAULT_TIMEOUT_S = 1800.0  # a cold 7B load (weights from disk, compile, CUDA graphs) fits easily
 DEFAULT_GRACE_S = 20.0
@@ -99,9 +99,7 @@ def proxy_argv(config_path: Path) -> list[str]:
 
 
 def _proxy_url(settings: Settings) -> str:
-    host = settings.proxy.host
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"http://{f'[{host}]' if ':' in host else host}:{settings.proxy.port}"
+    return f"http://{url_host(connect_host(settings.proxy.host))}:{settings.proxy.port}"
 
 
 def _new_run_dir(runs_dir: Path) -> Path:
@@ -235,7 +233,7 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
 
 def _detach(args: argparse.Namespace, config_path: Path, run_dir: Path, pid_file: Path,
             vllm: str) -> int:
-    """Run `up` in its own session with output to RUN_DIR/up.log; wait until running or failed."""
+    """Run this same `up` in the background (launchers/detach.py); wait until running or failed."""
     argv = [sys.executable, "-m", "proxy.cli", "up", "--config", str(config_path),
             "--run-dir", str(run_dir), "--pid-file", str(pid_file), "--vllm", vllm,
             "--timeout", str(args.timeout), "--grace", str(args.grace),
@@ -243,50 +241,10 @@ def _detach(args: argparse.Namespace, config_path: Path, run_dir: Path, pid_file
             "--progress-interval", str(args.progress_interval), "--logs", args.logs,
             *(["--no-proxy"] if args.no_proxy else []),
             *(["--allow-gpu-overlap"] if args.allow_gpu_overlap else [])]
-    up_log = run_dir / "up.log"
-    with open(up_log, "ab") as log:
-        # No Popen object: the background `up` outlives this process, which must not reap it.
-        pid = os.posix_spawn(argv[0], argv, dict(os.environ), setsid=True, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, log.fileno(), 1), (os.POSIX_SPAWN_DUP2, log.fileno(), 2)])
-    say(f"`up` runs in the background (pid {pid}); its output: {up_log}")
-    offset = 0
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            offset = _echo_new(up_log, offset)
-            if done:
-                code = os.waitstatus_to_exitcode(status)
-                warn(f"error: the background stack stopped (exit {code}); see {up_log}:\n"
-                     + tail_lines(up_log, 5))
-                return code or 1
-            data = read_pid_file(pid_file) or {}
-            if data.get("up_pid") == pid and data.get("state") == "running":
-                say(f"stack is up; stop it with: vlm-reward-proxy down --pid-file {pid_file}")
-                return 0
-            time.sleep(args.poll_interval)
-    except KeyboardInterrupt:
-        warn(f"still starting in the background (pid {pid}); stop it with "
-             f"`vlm-reward-proxy down --pid-file {pid_file}`")
-        return 130
-
-
-def _echo_new(path: Path, offset: int) -> int:
-    try:
-        with open(path, "rb") as log:
-            log.seek(offset)
-            data = log.read()
-    except OSError:
-        return offset
-    end = data.rfind(b"\n") + 1
-    if end:
-        sys.stdout.write(data[:end].decode(errors="replace"))
-        sys.stdout.flush()
-    return offset + end
+    return run_detached(argv, run_dir=run_dir, pid_file=pid_file,
+                        poll_interval_s=args.poll_interval, say=say, warn=warn)
 
 
 def run_down_command(args: argparse.Namespace) -> int:
     return stop_from_pid_file(_pid_file(args), grace_s=args.grace, say=say)
 
-
-__all__ = ["add_subcommands", "run_up_command", "run_down_command"]

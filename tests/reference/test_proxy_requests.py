@@ -32,23 +32,23 @@ import numpy as np
 import pytest
 import yaml
 
+from launchers.commands import MEDIA_IO_KWARGS, default_limit_mm
 from proxy.config import SamplingConfig, settings_from_dict
-from proxy.launch.commands import MEDIA_IO_KWARGS, default_limit_mm
-from tests.contract.oracle import (
+from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
+from tests.fakes.proxy_server import ProxyServerThread
+from tests.reference.oracle import (
     LAUNCHER_SERVER,
     STOCK_SERVER,
-    contract_python,
     image_parts,
     launcher_server,
     only_video,
     payload,
+    reference_python,
     run_oracle,
 )
-from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4
-from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
-from tests.fakes.proxy_server import ProxyServerThread
 
-pytestmark = pytest.mark.contract
+pytestmark = pytest.mark.reference
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "libero.yaml"
@@ -94,8 +94,9 @@ CASES: dict[str, Case] = {
     # long episodes: 300 frames of 56x56 at 20 fps, 40 and 100 sampled (past vLLM's default 32)
     "qwen_40": Case(QWEN, "npy", 300, 56, 56, 20.0, nframes=40, long=True),
     "qwen_100": Case(QWEN, "npy", 300, 56, 56, 20.0, nframes=100, long=True),
-    "primo_40": Case(PRIMO, "npy", 300, 56, 56, 20.0, nframes=40, long=True),
-    "primo_100": Case(PRIMO, "npy", 300, 56, 56, 20.0, nframes=100, long=True),
+    # shipped PRIMO-R1 takes at most 22 frames (its evaluation's cap): 40 asked, 22 sent
+    "primo_40": Case(PRIMO, "npy", 300, 56, 56, 20.0, nframes=40),
+    "primo_100": Case(PRIMO, "npy", 300, 56, 56, 20.0, nframes=100),
 }
 # Not checked by the generic tests: a per-request nframes above the images backend's configured
 # nframes, which sets the --limit-mm-per-prompt that `vlm-reward-proxy up` starts vLLM with.
@@ -152,7 +153,7 @@ def _score_request(name: str, case: Case, frames: np.ndarray, media_root: Path) 
 @pytest.fixture(scope="module")
 def exchanges(tmp_path_factory) -> Iterator[dict[str, Exchange]]:
     """Every case through the real proxy, against recording fakes; the oracle venv is checked first."""
-    contract_python()  # skip (or fail under VLM_REQUIRE_CONTRACT=1) before starting anything
+    reference_python()  # skip (or fail under VLM_REQUIRE_REFERENCE=1) before starting anything
     media_root = tmp_path_factory.mktemp("contract_media")
     models = {QWEN: None, PRIMO: None, PLAIN: PLAIN_MODEL}
     for name, backend in shipped_config()["backends"].items():
@@ -161,8 +162,9 @@ def exchanges(tmp_path_factory) -> Iterator[dict[str, Exchange]]:
     proxy: ProxyServerThread | None = None
     try:
         for name, model in models.items():
-            fakes[name] = FakeVLLMThread(FakeConfig(served_model_name=model,
-                                                    default_text="<answer>60</answer>")).start()
+            # each shipped template's declared answer: PRIMO's <answer> tag, the seed's bare number
+            reply = "<answer>60</answer>" if name == PRIMO else "60"
+            fakes[name] = FakeVLLMThread(FakeConfig(served_model_name=model, default_text=reply)).start()
         settings = settings_from_dict(_settings_data({n: f.base_url for n, f in fakes.items()}, media_root),
                                       base_dir=CONFIG.parent, source=str(CONFIG))
         proxy = ProxyServerThread(settings).start()
@@ -232,7 +234,7 @@ def _assert_same_frames(got: list[float], ex: Exchange) -> None:
 
 
 def test_launcher_server_block_mirrors_the_launchers():
-    """LAUNCHER_SERVER is what launchers/*.sh and proxy/launch/commands.py start vLLM with."""
+    """LAUNCHER_SERVER is what launchers/*.sh and launchers/commands.py start vLLM with."""
     assert LAUNCHER_SERVER["trust_request_mm_kwargs"] is True
     assert LAUNCHER_SERVER["media_io_kwargs"] == json.loads(MEDIA_IO_KWARGS) == {"video": {"num_frames": -1}}
     shell = (LAUNCHERS / "_serve_vllm.sh").read_text()
@@ -302,7 +304,8 @@ def test_vllm_decodes_exactly_the_frames_the_proxy_sent(reports, exchanges, name
     meant = ex.response["frames"]
     count = meant["count"]
     assert count == len(meant["indices"]) == ex.body["media_io_kwargs"]["video"]["num_frames"]
-    assert count == (ex.case.nframes or ex.backend.frames.nframes)
+    asked = ex.case.nframes or ex.backend.frames.nframes
+    assert meant["requested"] == asked and count == min(asked, ex.backend.frames.max_nframes or asked)
     assert meant["indices"][0] == 0 and meant["indices"][-1] == ex.case.count - 1
     # the request's kwargs win over the server's num_frames -1
     assert r["media_io_kwargs"]["merged"] == ex.body["media_io_kwargs"]
@@ -314,11 +317,11 @@ def test_vllm_decodes_exactly_the_frames_the_proxy_sent(reports, exchanges, name
     assert video["frame_sizes_distinct"] == 1 and video["channels"] == 3
     assert width % 28 == 0 and height % 28 == 0 and width * height <= _max_pixels(ex)
     assert [width, height] == list(meant["size"])
-    # timing: the sampled rate, and a duration equal to the episode's real length
+    # timing: the presentation rate (shipped: "seed", the client's video_fps, 4 when not given)
     md = video["metadata"]
-    assert md["fps"] == pytest.approx(meant["sampled_fps"], rel=1e-9)
-    assert md["fps"] == pytest.approx(ex.case.source_fps * count / ex.case.count, rel=1e-5)
-    assert md["duration"] == pytest.approx(ex.case.count / ex.case.source_fps, rel=1e-5)
+    assert md["fps"] == pytest.approx(meant["fps"], rel=1e-9) and meant["fps"] == ex.backend.frames.default_video_fps
+    assert md["duration"] == pytest.approx(count / meant["fps"], rel=1e-5)
+    assert meant["sampled_fps"] == pytest.approx(ex.case.source_fps * count / ex.case.count, rel=1e-5)
     assert md["total_num_frames"] == count
     assert md["frames_indices"] == list(range(count))
     assert md["do_sample_frames"] is False
@@ -359,11 +362,11 @@ def test_long_episode_keeps_every_sampled_frame_and_the_contrast(reports, exchan
 
 
 @pytest.mark.parametrize("name", QWEN_CASES)
-def test_qwen_messages_are_system_then_video_and_text(reports, name):
+def test_qwen_messages_are_video_and_text_without_a_system_message_as_the_seed(reports, name):
     r = reports[(name, "launcher")]
-    assert [m["role"] for m in r["messages"]] == ["system", "user"]
-    assert [p["type"] for p in r["messages"][1]["parts"]] == ["video_url", "text"]
-    assert f"({name})" in r["messages"][1]["parts"][1]["text"]
+    assert [m["role"] for m in r["messages"]] == ["user"]  # Qwen's chat template adds its default
+    assert [p["type"] for p in r["messages"][0]["parts"]] == ["video_url", "text"]
+    assert f"({name})" in r["messages"][0]["parts"][1]["text"]
 
 
 @pytest.mark.parametrize("name", PRIMO_CASES)
@@ -374,12 +377,13 @@ def test_primo_messages_are_image_video_image_text_with_first_and_last_frames(re
     assert [p["type"] for p in r["messages"][1]["parts"]] == ["image_url", "video_url", "image_url", "text"]
     first, last = image_parts(r)
     video = only_video(r)
+    width, height = exchanges[name].response["frames"]["still_size"]  # the image rule, not the video's
     for img in (first, last):
-        assert img["image"] == {"width": video["width"], "height": video["height"], "mode": "RGB"}
+        assert img["image"] == {"width": width, "height": height, "mode": "RGB"}
     assert first["image_mean"] == pytest.approx(video["frame_means"][0], abs=1.5)
     assert last["image_mean"] == pytest.approx(video["frame_means"][-1], abs=1.5)
     assert last["image_mean"] > first["image_mean"] + 150
-    assert exchanges[name].response["prompt"]["name"] == "primo_r1"
+    assert exchanges[name].response["prompt"]["name"] == "primo_r1_trained"
 
 
 def test_images_layout_sends_each_frame_as_an_image(reports, exchanges):
