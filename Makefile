@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/libero.yaml
-.PHONY: install serve reference-env rlinf-env test test-fast lint bench demo clean
+.PHONY: install serve reference-env rlinf-env test test-fast test-real-vllm test-real-rlinf lint bench demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,20 @@ test: install  ## every tier; builds the reference and RLinf venvs outside the r
 	$(PY) -m pytest
 
 test-fast: install  ## every tier that needs no venv outside the repo (a few minutes)
-	$(PY) -m pytest -m "not reference"
+	$(PY) -m pytest -m "not reference and not real_vllm and not real_rlinf"
+
+test-real-vllm: install  ## the real `vllm serve` tier alone (builds the reference venv when missing)
+	@set -euo pipefail; \
+	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
+	export VLM_REFERENCE_PYTHON="$$(dirname "$$vllm")/python" VLM_REFERENCE_VLLM="$$vllm"; \
+	$(PY) -m pytest -m real_vllm tests/real_vllm
+
+test-real-rlinf: install  ## the real RLinf LIBERO tier alone (builds its venv, and the reference one, when missing)
+	@set -euo pipefail; \
+	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
+	export VLM_REFERENCE_PYTHON="$$(dirname "$$vllm")/python" VLM_REFERENCE_VLLM="$$vllm"; \
+	export VLM_RLINF_PYTHON="$$(bash scripts/rlinf_env.sh | tail -n 1)"; \
+	$(PY) -m pytest -m real_rlinf tests/real_rlinf
 
 lint: install
 	$(VENV)/bin/ruff check proxy rlinf_client launchers vlm_protocol tests bench scripts

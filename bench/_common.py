@@ -128,7 +128,7 @@ def start_proxy(log_dir: Path, config: dict, name: str = "proxy", root: Path | N
     port = free_port()
     cfg_path = log_dir / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    proc, log = _spawn(name, [python, "-m", "proxy.cli", "serve", "--config", str(cfg_path),
+    proc, log = _spawn(name, [python, "-m", "vlm_reward_cli", "serve", "--config", str(cfg_path),
                               "--port", str(port), "--log-level", "warning"], log_dir, cwd=root)
     server = Server(name, proc, port, log, {"config": config})
     wait_ready(server, "/health", 60)

@@ -120,7 +120,7 @@ def stack(media: Path, in_process: bool) -> Iterator[str]:
         config_path = media / "bench-proxy.yaml"
         config_path.write_text(yaml.safe_dump(config))
         processes.append(subprocess.Popen(
-            [python, "-m", "proxy", "serve", "--config", str(config_path), "--port", str(ports["proxy"]),
+            [python, "-m", "vlm_reward_cli", "serve", "--config", str(config_path), "--port", str(ports["proxy"]),
              "--log-level", "warning"], cwd=REPO, env=env, stdout=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{ports['proxy']}"
         wait_ready(f"{url}/health")

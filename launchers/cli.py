@@ -1,7 +1,7 @@
 """`vlm-reward-proxy up` and `down`: the stack of `vllm serve` processes plus the proxy.
 
-`add_subcommands(subparsers)` registers both (proxy/cli.py calls it when this package is
-installed); `run_up_command` checks the plan, then hands the processes to supervisor.Stack.
+`add_subcommands(subparsers)` registers both (vlm_reward_cli assembles the command line);
+`run_up_command` checks the plan, then hands the processes to supervisor.Stack.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _pid_file(args: argparse.Namespace) -> Path:
 
 
 def proxy_argv(config_path: Path) -> list[str]:
-    return [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_path)]
+    return [sys.executable, "-m", "vlm_reward_cli", "serve", "--config", str(config_path)]
 
 
 def _proxy_url(settings: Settings) -> str:
@@ -234,7 +234,7 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
 def _detach(args: argparse.Namespace, config_path: Path, run_dir: Path, pid_file: Path,
             vllm: str) -> int:
     """Run this same `up` in the background (launchers/detach.py); wait until running or failed."""
-    argv = [sys.executable, "-m", "proxy.cli", "up", "--config", str(config_path),
+    argv = [sys.executable, "-m", "vlm_reward_cli", "up", "--config", str(config_path),
             "--run-dir", str(run_dir), "--pid-file", str(pid_file), "--vllm", vllm,
             "--timeout", str(args.timeout), "--grace", str(args.grace),
             "--poll-interval", str(args.poll_interval),

@@ -18,6 +18,7 @@ from proxy.errors import ConfigError, ProxyError
 from proxy.health import Prober
 from proxy.http_errors import install_handlers
 from proxy.observe import AuditLog, Metrics
+from proxy.openapi import install_openapi
 from proxy.passthrough import ChatPassthrough
 from proxy.prompts import PromptStore
 from proxy.routes import router
@@ -88,6 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
     app.include_router(router)
     install_handlers(app)
+    install_openapi(app, settings, prompts)
     app.add_middleware(Edge, max_bytes=int(settings.proxy.max_body_mb * 2**20), metrics=metrics, gate=gate,
                        routes=frozenset(p for r in (*app.routes, *router.routes) if (p := getattr(r, "path", None))),
                        api_key=api_key)

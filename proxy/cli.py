@@ -1,15 +1,10 @@
-"""`vlm-reward-proxy` command line: serve (and the stack / curves commands when present)."""
+"""The proxy's commands: `serve` and `check-config` (the command line is vlm_reward_cli)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-from collections.abc import Callable
 
-from proxy.errors import ConfigError
-
-_SERVER_PACKAGES = {"fastapi", "uvicorn", "pydantic", "tenacity", "PIL", "cv2", "prometheus_client", "starlette"}
+__all__ = ["add_subcommands"]
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -33,28 +28,7 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _optional_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Commands that live in other modules (launchers, RLinf curves), registered if installed."""
-    registrars = []
-    try:
-        from launchers.cli import add_subcommands as add_stack
-        registrars.append(add_stack)
-    except ImportError:
-        pass
-    try:
-        from rlinf_client.curves import add_subcommand as add_curves
-        registrars.append(add_curves)
-    except ImportError:
-        pass
-    return registrars
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vlm-reward-proxy",
-        description="Score robot episodes with VLMs served by stock `vllm serve`.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def add_subcommands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", help="run the scoring proxy",
         description="Run the scoring proxy (POST /score, GET /health, GET /metrics) on the "
@@ -77,28 +51,3 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Validate a config file and load its prompt templates.")
     check.add_argument("--config", required=True, metavar="FILE", help="YAML config to check")
     check.set_defaults(func=_check)
-
-    for register in _optional_commands():
-        register(commands)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call/probe is noise
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ConfigError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as err:
-        if err.name in _SERVER_PACKAGES:
-            print(f"error: {err.name} is missing; the proxy needs the server extra: "
-                  "pip install 'vlm-reward-proxy[server]'", file=sys.stderr)
-            return 2
-        raise
-
-
-if __name__ == "__main__":
-    sys.exit(main())

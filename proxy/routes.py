@@ -14,11 +14,34 @@ from proxy.errors import InvalidRequest
 from proxy.health import Prober
 from proxy.observe import Metrics
 from proxy.passthrough import ChatPassthrough
-from proxy.schemas import BatchScoreRequest, ScoreRequest, ScoreResponse
+from proxy.schemas import BatchScoreRequest, BatchScoreResponse, ErrorBody, ScoreRequest, ScoreResponse
 from proxy.scoring import Scorer
 from vlm_protocol.wire import BUDGET_HEADER
 
 router = APIRouter()
+
+_MEANING = {401: "missing or wrong bearer token (proxy.api_key_env)", 403: "video_path outside the allowed roots",
+            404: "unknown backend", 413: "body over proxy.max_body_mb", 422: "a bad field; `field` names it",
+            429: "the backend's admission queue is full (Retry-After)", 500: "a bug (logged with its traceback)",
+            502: "vLLM failed, or its replies held no declared answer",
+            503: "no replica reachable, or the proxy is shutting down (Retry-After)",
+            504: "vLLM did not answer within the deadline (or the caller's budget)"}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route can give, all in the one error shape."""
+    return {status: {"model": ErrorBody, "description": _MEANING[status]} for status in statuses}
+
+
+_ALWAYS = (401, 500, 503)  # any route but /health: auth, a bug, shutting down
+_CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["model", "messages"],
+    "properties": {"model": {"type": "string", "description": "a backend's name, served model name or alias"},
+                   "messages": {"type": "array", "items": {"type": "object"}},
+                   "stream": {"type": "boolean"}},
+    "additionalProperties": True, "description": "an OpenAI chat completion request, relayed to vLLM as is"}}}}
+_RELAYED = {"description": "vLLM's own answer, relayed as is (OpenAI error shape)",
+            "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
 async def _scorer(request: Request) -> Scorer:  # async: no threadpool hop per request
@@ -48,14 +71,15 @@ def budget_of(request: Request) -> float | None:
     return budget_ms / 1e3
 
 
-@router.post("/score", response_model=ScoreResponse)
+@router.post("/score", response_model=ScoreResponse,
+             responses=_errors(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
 async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> ScoreResponse:
     result = await scorer.score(body, budget_s=budget_of(request))
     request.state.backend = result.backend
     return result
 
 
-@router.post("/score/batch")
+@router.post("/score/batch", response_model=BatchScoreResponse, responses=_errors(*_ALWAYS, 413, 422))
 async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerDep) -> JSONResponse:
     cap = request.app.state.settings.proxy.max_batch_items
     if len(body.items) > cap:
@@ -68,12 +92,16 @@ async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerD
     return JSONResponse({"results": results, "summary": {"ok": ok, "failed": len(results) - ok}})
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=_errors(*_ALWAYS))
 async def models(passthrough: PassthroughDep) -> JSONResponse:
     return JSONResponse(passthrough.models())
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra={"requestBody": _CHAT_BODY},
+             responses={**_errors(*_ALWAYS, 404, 413, 422, 429, 502, 504),
+                        200: {"description": "the completion, or a text/event-stream when stream is true",
+                              "content": {"application/json": {}, "text/event-stream": {}}},
+                        400: _RELAYED})
 async def chat_completions(request: Request, passthrough: PassthroughDep) -> Response:
     body = await request.body()
     relay = asyncio.ensure_future(passthrough.relay(body, budget_s=budget_of(request)))
@@ -102,7 +130,8 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-@router.get("/health")
+@router.get("/health", responses={503: {"description": "no backend is ready",
+                                        "content": {"application/json": {"schema": {"type": "object"}}}}})
 async def health(request: Request) -> JSONResponse:
     """From the prober's cache and the requests' outcomes: no upstream call per request. A backend
     is ready when any of its endpoints passed its last probe, is in rotation, and has not failed
@@ -129,7 +158,9 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": status, "backends": backends}, status_code=200 if any(ready) else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", responses={**_errors(401, 500),
+                                   200: {"content": {"text/plain; version=0.0.4; charset=utf-8": {}},
+                                         "description": "Prometheus text format"}})
 async def metrics(request: Request) -> Response:
     metrics: Metrics = request.app.state.metrics
     for backend in request.app.state.registry.backends.values():

@@ -2,55 +2,72 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.errors import InvalidRequest
 
-MAX_METADATA_BYTES = 4096
+MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_STRING = 32, 64, 256
 Scalar = str | int | float | bool | None
+ShortString = Annotated[str, Field(max_length=MAX_METADATA_STRING)]
 
 
 class EpisodeMetadata(BaseModel):
     """What the caller knows about the episode: recorded in the audit log, never sent to the model.
-    `env_success` is the simulator's ground truth (the reward-quality report compares with it)."""
+    `env_success` is the simulator's ground truth (the reward-quality report compares with it).
+    Other keys are allowed, flat and small (at most 32 more, names <= 64 chars, values scalars,
+    strings <= 256 chars): a few KB at most per audit line."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={
+        "maxProperties": 5 + MAX_METADATA_KEYS, "propertyNames": {"maxLength": MAX_METADATA_KEY},
+        "additionalProperties": {"anyOf": [{"type": "string", "maxLength": MAX_METADATA_STRING},
+                                           {"type": "number"}, {"type": "boolean"}, {"type": "null"}]}})
 
     env_success: bool | None = None
-    task_id: int | str | None = None
-    episode_id: int | str | None = None
+    task_id: int | ShortString | None = None
+    episode_id: int | ShortString | None = None
     step: int | None = None
-    run: str | None = Field(None, max_length=256)
+    run: ShortString | None = None
 
     @model_validator(mode="after")
     def _small_and_flat(self) -> EpisodeMetadata:
         extra = self.model_extra or {}
-        if len(extra) > 32 or any(not isinstance(v, Scalar) or (isinstance(v, str) and len(v) > 512)
-                                  for v in extra.values()):
-            raise ValueError("metadata holds at most 32 extra keys, each a number, bool or string of <= 512 chars")
-        if len(self.model_dump_json()) > MAX_METADATA_BYTES:
-            raise ValueError(f"metadata is over {MAX_METADATA_BYTES} bytes")
+        if (len(extra) > MAX_METADATA_KEYS or any(len(k) > MAX_METADATA_KEY for k in extra)
+                or any(not isinstance(v, Scalar) or (isinstance(v, str) and len(v) > MAX_METADATA_STRING)
+                       for v in extra.values())):
+            raise ValueError(f"metadata holds at most {MAX_METADATA_KEYS} more keys (names of at most "
+                             f"{MAX_METADATA_KEY} chars), each a number, bool, null or string of at most "
+                             f"{MAX_METADATA_STRING} chars")
         return self
+
+
+def _not_null(field: str) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
+# Custom string formats, so a document reader (and schemathesis) knows what a valid value is.
+IMAGE_FORMAT, NPY_FORMAT, MEDIA_PATH_FORMAT = "image-base64", "npy-base64", "media-path"
 
 
 class ScoreRequest(BaseModel):
     """POST /score. Field names follow the seed server so its clients keep working."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [_not_null("video_path"), _not_null("frames"), _not_null("frames_npy")]})
 
     task_text: str = Field(min_length=1, max_length=4096)
-    # Exactly one source of frames:
-    video_path: str | None = None  # a video file under proxy.allowed_media_roots
-    frames: list[str] | None = None  # base64 PNG/JPEG images (data: URLs accepted), in order
-    frames_npy: str | None = None  # base64 of a .npy uint8 array T×H×W×3
-    fps: float | None = Field(None, gt=0, le=1000)  # source rate of inline frames
+    # Exactly one source of frames: a video file under proxy.allowed_media_roots; base64 PNG/JPEG
+    # images of one size, in order (data: URLs accepted); or base64 of a .npy uint8 T×H×W×3 array.
+    video_path: Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT})] | None = None
+    frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
+    frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
+    fps: float | None = Field(None, ge=0.01, le=1000)  # source rate of inline frames
     # The rate the clip is presented at (the seed's reward_model.video_fps); used when the
     # backend's frames.presentation_fps is "seed".
-    video_fps: float | None = Field(None, gt=0, le=1000)
+    video_fps: float | None = Field(None, ge=0.01, le=1000)
     nframes: int | None = Field(None, ge=1)  # frames to sample; caps checked against config
-    max_pixels: int | None = Field(None, ge=1)  # per-frame pixel budget after resize
+    max_pixels: int | None = Field(None, ge=28 * 28)  # per-frame pixel budget after resize
     backend: str | None = None  # backend name or alias; None = the only/first backend
     # Per-request sampling overrides (within bounds), score_mode, and template variables.
     backend_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -116,7 +133,41 @@ class BatchScoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    items: list[dict[str, Any]] = Field(min_length=1)
+    # dicts, not ScoreRequest: an invalid item is that item's 422, not the batch's
+    items: list[dict[str, Any]] = Field(min_length=1, json_schema_extra={
+        "items": {"$ref": "#/components/schemas/ScoreRequest"}})
+
+
+class ErrorDetail(BaseModel):
+    """Every error the proxy answers, on every route (vlm_protocol.errors lists the codes)."""
+
+    model_config = ConfigDict(extra="allow")  # e.g. output_text, finish_reason, endpoint
+
+    code: str
+    message: str
+    retryable: bool
+    attempts: int | None = None
+    field: str | None = None
+    request_id: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class BatchItem(BaseModel):
+    index: int
+    ok: bool
+    status: int
+    result: ScoreResponse | None = None
+    error: ErrorDetail | None = None
+
+
+class BatchScoreResponse(BaseModel):
+    results: list[BatchItem]
+    summary: dict[str, int]  # ok, failed
+
+
 
 
 def validation_error(errors: list[Any]) -> InvalidRequest:

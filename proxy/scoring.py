@@ -20,32 +20,18 @@ from pydantic import ValidationError
 
 from proxy.backends import Backend, BackendRegistry
 from proxy.config import BackendConfig, SamplingConfig, Settings
-from proxy.errors import MAX_REPLY_CHARS, InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
-from proxy.layouts import build_chat_body, estimate_prompt_tokens, layout_has_stills, vision_token_count
+from proxy.errors import MAX_REPLY_CHARS, ProxyError, ScoreParseError, TokenBudgetExceeded
+from proxy.layouts import build_chat_body, estimate_prompt_tokens, vision_token_count
 from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
 from proxy.observe import AuditLog, Metrics
 from proxy.parse import ParsedScore, parse_score
-from proxy.prompts import SEED_PROMPT_KWARGS, PromptStore, PromptTemplate, apply_seed_overrides
+from proxy.prompts import PromptStore, apply_seed_overrides
+from proxy.resolve import presentation_fps, resolve_request, sampling_for_ask
 from proxy.retry import Attempt, call_with_retries
-from proxy.scales import SCORE_MODES
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse, validation_error
 from proxy.upstream import ChatReply, UpstreamClient
 
 log = logging.getLogger(__name__)
-SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
-MIN_MAX_PIXELS = 28 * 28  # the smallest per-frame budget a request may ask for (the seed's bound)
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    """A request's effective settings after defaults, caps and backend_kwargs."""
-
-    sampling: SamplingConfig
-    score_mode: str
-    variables: dict[str, Any]
-    prompt_overrides: dict[str, str]  # the seed's system_prompt / user_prompt / prompt_template
-    limits: FrameLimits
-    requested_nframes: int
 
 
 @dataclass
@@ -131,14 +117,14 @@ class Scorer:
                      budget_s: float | None, trace: _Trace) -> ScoreResponse:
         cfg = backend.config
         template = self.prompts.get(cfg.prompt)
-        resolved = self._resolve(request, cfg, template)
+        resolved = resolve_request(request, cfg, template, self.settings.proxy)
         trace.prompt = PromptInfo(name=template.name, sha256=template.sha256, overrides={
             key: hashlib.sha256(text.encode()).hexdigest() for key, text in resolved.prompt_overrides.items()})
         system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
         frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
-        fps = _presentation_fps(cfg, request, frames)
+        fps = presentation_fps(cfg, request, frames)
         trace.frames = FramesInfo(
             count=len(frames.jpegs), requested=resolved.requested_nframes, indices=frames.indices,
             source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
@@ -153,7 +139,7 @@ class Scorer:
         upstream_started = time.perf_counter()
 
         async def send(attempt: Attempt) -> ChatReply:
-            sampling = _sampling_for_ask(cfg, resolved.sampling, attempt.parse_round)
+            sampling = sampling_for_ask(cfg, resolved.sampling, attempt.parse_round)
             payload = first_ask if attempt.parse_round == 0 else json.dumps(
                 {**body, **sampling}, separators=(",", ":")).encode()
             trace.sampling, trace.asks = sampling, attempt.parse_round + 1
@@ -211,58 +197,6 @@ class Scorer:
 
         return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
 
-    def _resolve(self, request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate) -> _Resolved:
-        proxy = self.settings.proxy
-        requested = request.nframes or cfg.frames.nframes
-        if requested > proxy.max_nframes:
-            raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",
-                                 field="nframes")
-        # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
-        nframes = min(requested, cfg.frames.max_nframes or requested)
-        if cfg.layout == "images" and nframes > cfg.frames.nframes:
-            # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
-            raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
-                                 f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
-                                 field="nframes")
-        max_pixels = request.max_pixels or cfg.frames.max_pixels
-        if not MIN_MAX_PIXELS <= max_pixels <= proxy.max_pixels_limit:
-            raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
-                                 f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
-        template_vars = template.variable_names
-        overrides, variables, prompt_overrides, score_mode = {}, {}, {}, cfg.score_mode
-        for key, value in request.backend_kwargs.items():
-            if key in SAMPLING_FIELDS:
-                overrides[key] = value
-            elif key == "score_mode":
-                if value not in SCORE_MODES:
-                    raise InvalidRequest(f"score_mode must be one of {', '.join(SCORE_MODES)}",
-                                         field="backend_kwargs.score_mode")
-                score_mode = value
-            elif key in SEED_PROMPT_KWARGS:
-                if not isinstance(value, str) or len(value) > proxy.max_prompt_chars:
-                    raise InvalidRequest(f"backend_kwargs.{key} must be a string of at most "
-                                         f"{proxy.max_prompt_chars} characters (proxy.max_prompt_chars)",
-                                         field=f"backend_kwargs.{key}")
-                prompt_overrides[key] = value
-            elif key in template_vars and key != "task_text":
-                variables[key] = value
-            else:
-                raise InvalidRequest(
-                    f"backend_kwargs.{key} is not a sampling field ({', '.join(sorted(SAMPLING_FIELDS))}), "
-                    f"score_mode, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}, or a variable of prompt "
-                    f"{cfg.prompt!r} ({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
-                    field=f"backend_kwargs.{key}")
-        sampling = _override_sampling(cfg, overrides)
-        frames = cfg.frames
-        limits = FrameLimits(
-            nframes=nframes, max_pixels=max_pixels, min_pixels=frames.min_pixels,
-            video_max_pixels=frames.video_max_pixels, total_pixels=frames.total_pixels,
-            image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout),
-            jpeg_quality=frames.jpeg_quality, default_source_fps=frames.default_source_fps,
-            max_inline_frames=proxy.max_inline_frames, max_source_pixels=proxy.max_source_pixels)
-        return _Resolved(sampling=sampling, score_mode=score_mode, variables=variables,
-                         prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested)
-
     def _load_frames(self, request: ScoreRequest, limits: FrameLimits) -> EncodedFrames:
         video_path: Path | None = None
         if request.video_path is not None:
@@ -282,42 +216,4 @@ class Scorer:
                 f"tokens with max_tokens {sampling.max_tokens}, over max_model_len "
                 f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
 
-
-def _presentation_fps(cfg: BackendConfig, request: ScoreRequest, frames: EncodedFrames) -> float:
-    """The rate vLLM is told, by the backend's frames.presentation_fps (the same for every
-    transport: a path, frames or frames_npy carrying one episode give one body)."""
-    policy = cfg.frames.presentation_fps
-    if policy == "seed":
-        return request.video_fps or cfg.frames.default_video_fps
-    if policy == "episode":
-        return frames.sampled_fps
-    return float(policy)
-
-
-def _sampling_for_ask(cfg: BackendConfig, sampling: SamplingConfig, parse_round: int) -> dict[str, Any]:
-    """The sampling fields of ask `parse_round` (0 = the first ask). A re-ask samples (so greedy
-    decoding cannot repeat the unparseable reply) with the next seed."""
-    fields = sampling.model_dump(exclude_none=True)
-    if parse_round == 0:
-        return fields
-    reask = cfg.retry.reask
-    fields["temperature"], fields["top_p"] = reask.temperature, reask.top_p
-    if sampling.seed is not None:
-        fields["seed"] = sampling.seed + parse_round
-    return fields
-
-
-def _override_sampling(cfg: BackendConfig, overrides: dict[str, Any]) -> SamplingConfig:
-    if not overrides:
-        return cfg.sampling
-    try:
-        sampling = SamplingConfig.model_validate({**cfg.sampling.model_dump(), **overrides})
-    except ValidationError as err:
-        first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"backend_kwargs.{key}: {first['msg']}", field=f"backend_kwargs.{key}") from None
-    if sampling.max_tokens > cfg.max_tokens_limit:
-        raise InvalidRequest(f"backend_kwargs.max_tokens is over the cap of {cfg.max_tokens_limit}",
-                             field="backend_kwargs.max_tokens")
-    return sampling
 

@@ -21,14 +21,11 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from dataclasses import dataclass
 
 from rlinf_client import _constants as C
 from rlinf_client._base_client import (
-    ScoreRequestBody,
     TransportCore,
     build_request_body_async,
     parse_score_body,
@@ -43,6 +40,7 @@ from rlinf_client._exceptions import (
     RewardClientError,
     make_status_error,
 )
+from rlinf_client._ready import PendingEpisode, ReadyBodies
 from rlinf_client._types import ClientStats, Episode, EpisodeScore
 
 log = logging.getLogger("rlinf_client")
@@ -53,64 +51,11 @@ __all__ = ["Scheduler"]
 Outcome = tuple[float, dict] | RewardClientError  # (score, the proxy's answer) or the error
 
 
-@dataclass
-class _Pending:
-    """An episode whose body is built and whose result is not final yet."""
-
-    index: int
-    body: ScoreRequestBody
-    started: float  # perf_counter when its body was ready
-    attempts: int = 0  # HTTP requests that carried it
-    released: bool = False
-
-
 class _Stop(Exception):
     """fail_on_request_error: the first failure ends the call."""
 
     def __init__(self, error: RewardClientError) -> None:
         self.error = error
-
-
-class _ReadyBodies:
-    """Built bodies waiting to be sent, and when to stop packing them into a batch: the batch
-    is full, the builder is done, or the builder waits for memory (only sending frees it)."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque[_Pending] = collections.deque()
-        self._changed = asyncio.Condition()
-        self._closed = self._starved = False
-
-    async def put(self, pending: _Pending) -> None:
-        async with self._changed:
-            self._items.append(pending)
-            self._changed.notify_all()
-
-    async def set_starved(self, starved: bool) -> None:
-        async with self._changed:
-            self._starved = starved
-            self._changed.notify_all()
-
-    async def close(self) -> None:
-        async with self._changed:
-            self._closed = True
-            self._changed.notify_all()
-
-    async def take(self, cap: int) -> list[_Pending] | None:
-        """The next group of up to `cap` bodies (and DEFAULT_MAX_BATCH_BYTES); None at the end."""
-        async with self._changed:
-            group: list[_Pending] = []
-            size = 0
-            while True:
-                while self._items and len(group) < cap and (
-                        not group or size + self._items[0].body.size <= C.DEFAULT_MAX_BATCH_BYTES):
-                    size += self._items[0].body.size
-                    group.append(self._items.popleft())
-                full = len(group) >= cap or bool(self._items)  # count or bytes
-                if group and (full or self._closed or self._starved):
-                    return group
-                if not group and self._closed:
-                    return None
-                await self._changed.wait()
 
 
 class Scheduler:
@@ -149,8 +94,8 @@ class Scheduler:
 
     # -- building and sending --------------------------------------------------------------------
     async def _schedule(self, episodes: list[Episode], results: list, deadline: float, use_batch: bool) -> None:
-        ready = _ReadyBodies()
-        taken: list[_Pending] = []  # every body built, released in the end whatever happened
+        ready = ReadyBodies()
+        taken: list[PendingEpisode] = []  # every body built, released in the end whatever happened
         cap = C.DEFAULT_MAX_BATCH_EPISODES if use_batch else 1
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -166,8 +111,8 @@ class Scheduler:
             for pending in taken:
                 self._release(pending)
 
-    async def _build(self, episodes: list[Episode], results: list, ready: _ReadyBodies,
-                     taken: list[_Pending]) -> None:
+    async def _build(self, episodes: list[Episode], results: list, ready: ReadyBodies,
+                     taken: list[PendingEpisode]) -> None:
         """Bodies in episode order, at most MAX_BODIES_IN_MEMORY alive at once."""
         try:
             for index, episode in enumerate(episodes):
@@ -184,13 +129,13 @@ class Scheduler:
                         raise
                     self._settle(episodes, results, index, err, started)
                     continue
-                pending = _Pending(index, body, started)
+                pending = PendingEpisode(index, body, started)
                 taken.append(pending)
                 await ready.put(pending)
         finally:
             await ready.close()
 
-    async def _send_until_final(self, episodes: list[Episode], results: list, group: list[_Pending],
+    async def _send_until_final(self, episodes: list[Episode], results: list, group: list[PendingEpisode],
                                 deadline: float) -> None:
         """Send a group (one batch, or one /score each) and send its retryable items again,
         until every item is final or the deadline is too near."""
@@ -214,7 +159,7 @@ class Scheduler:
             await asyncio.sleep(delay)
             group = [pending for pending, _ in retry]
 
-    async def _send(self, group: list[_Pending], deadline: float) -> list[Outcome]:
+    async def _send(self, group: list[PendingEpisode], deadline: float) -> list[Outcome]:
         """One request for the group (each request holds a slot only while in flight). Per item:
         (score, answer), or the error it got. A whole request is retried by the transport; an item
         of a batch answered retryable (`_ItemError`) is sent again by `_send_until_final`."""
@@ -239,7 +184,7 @@ class Scheduler:
             pending.attempts += attempts
         return [_item_outcome(item, p.attempts) for p, item in zip(group, items, strict=True)]
 
-    async def _send_one(self, pending: _Pending, deadline: float) -> Outcome:
+    async def _send_one(self, pending: PendingEpisode, deadline: float) -> Outcome:
         try:
             async with self._slots:
                 answer, attempts = await self.core.post_json(self.cfg.score_url, pending.body.to_bytes(),
@@ -254,13 +199,13 @@ class Scheduler:
             return err
 
     @staticmethod
-    def _same_for_all(group: list[_Pending], err: RewardAPIError) -> list[Outcome]:
+    def _same_for_all(group: list[PendingEpisode], err: RewardAPIError) -> list[Outcome]:
         for pending in group:
             pending.attempts += err.attempts
         return [err] * len(group)
 
     # -- results and the failure policy ----------------------------------------------------------
-    def _finish(self, episodes: list[Episode], results: list, pending: _Pending,
+    def _finish(self, episodes: list[Episode], results: list, pending: PendingEpisode,
                 outcome: Outcome | _ItemError) -> None:
         if isinstance(outcome, _ItemError):
             outcome = outcome.error
@@ -291,7 +236,7 @@ class Scheduler:
         if not result.ok and self.cfg.failure_policy == "raise" and raise_policy:
             raise _Stop(outcome)  # type: ignore[arg-type]
 
-    def _release(self, pending: _Pending) -> None:
+    def _release(self, pending: PendingEpisode) -> None:
         if not pending.released:
             pending.released = True
             pending.body.discard(self.cfg.keep_temp_video)

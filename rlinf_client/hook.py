@@ -77,9 +77,12 @@ class LiberoVLMReward:
     def from_env_cfg(cls, env_cfg: Any, num_envs: int, *, client: Any = None) -> LiberoVLMReward | None:
         """From RLinf's `env.train` / `env.eval` node; None when `reward_model.enable` is off."""
         block = _cfg_get(env_cfg, "reward_model")
-        if not block or not _cfg_get(block, "enable", False):
+        if not block:
             return None
-        return cls(block, num_envs,
+        config = RewardModelConfig.from_mapping(block)  # a typo in the block fails here, enabled or not
+        if not config.enable:
+            return None
+        return cls(config, num_envs,
                    reward_coef=_cfg_get(env_cfg, "reward_coef", 1.0),
                    use_rel_reward=_cfg_get(env_cfg, "use_rel_reward", False),
                    ignore_terminations=_cfg_get(env_cfg, "ignore_terminations", False),

@@ -141,13 +141,13 @@ class FakeProcess(_Process):
 
 
 class ProxyProcess(_Process):
-    """`python -m proxy.cli serve --config FILE` on a free port."""
+    """`python -m vlm_reward_cli serve --config FILE` on a free port."""
 
     def __init__(self, settings: dict, workdir: Path) -> None:
         port = free_port()
         config = workdir / "proxy.yaml"
         config.write_text(yaml.safe_dump(settings, sort_keys=False))  # the first backend is the default
-        argv = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config), "--port", str(port),
+        argv = [sys.executable, "-m", "vlm_reward_cli", "serve", "--config", str(config), "--port", str(port),
                 "--log-level", "info"]
         super().__init__(argv, workdir / "proxy.log", port, "/health")
 

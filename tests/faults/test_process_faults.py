@@ -2,7 +2,7 @@
 
 The fake vLLM runs as `python -m tests.fakes.fake_vllm` so it can be SIGKILLed mid-request,
 SIGSTOPped, and restarted on the same port; one test runs the proxy itself as a subprocess
-(`python -m proxy.cli serve`). Every episode must end in a score or an explicit error code,
+(`python -m vlm_reward_cli serve`). Every episode must end in a score or an explicit error code,
 the proxy must stay up, and /metrics (and the audit log, when configured) must account for it.
 """
 

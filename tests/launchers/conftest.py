@@ -129,14 +129,14 @@ class Reaper:
     def up(self, *args: str, out: Path, **env: str) -> subprocess.Popen:
         stdout = open(out, "wb")  # noqa: SIM115 - closed at teardown
         self.files.append(stdout)
-        popen = subprocess.Popen([sys.executable, "-m", "proxy.cli", "up", *args],
+        popen = subprocess.Popen([sys.executable, "-m", "vlm_reward_cli", "up", *args],
                                  stdout=stdout, stderr=subprocess.STDOUT,
                                  env={**self.fake.env, **env}, start_new_session=True, cwd=REPO)
         self.popens.append(popen)
         return popen
 
     def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "vlm_reward_cli", *args], capture_output=True,
                               text=True, env={**self.fake.env, **env}, timeout=timeout, cwd=REPO)
 
     def cleanup(self) -> None:

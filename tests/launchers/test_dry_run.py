@@ -54,7 +54,7 @@ def test_dry_run_of_the_shipped_config(capsys, tmp_path):
         f"    CUDA_VISIBLE_DEVICES=3 vllm serve {PRIMO_PATH} --served-model-name PRIMO-R1-7B "
         "--tensor-parallel-size 1 " + tail.format(limit=limit_primo, port=8003),
         "proxy: http://127.0.0.1:18080, log runs/<timestamp>/proxy.log",
-        f"    {sys.executable} -m proxy.cli serve --config {EXAMPLE}",
+        f"    {sys.executable} -m vlm_reward_cli serve --config {EXAMPLE}",
     ]
     lines = out.splitlines()
     start = lines.index("GPU assignment:")

@@ -19,7 +19,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
 from tensorboard.summary import Writer  # noqa: E402
 from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
 
-from rlinf_client.curves import add_subcommand, load_run, smooth  # noqa: E402
+from reports.curves import add_subcommand, load_run, smooth  # noqa: E402
 
 NAMES = ("libero_10_grpo_openvlaoft_runA", "libero_10_grpo_openvlaoft_runB_qwen",
          "libero_10_grpo_openvlaoft_runC_primo")
@@ -159,8 +159,8 @@ def test_smoothing_is_tensorboards_debiased_ema():
     assert smooth([3.0, 4.0], 0.0) == [3.0, 4.0]
 
 
-def test_the_proxy_cli_registers_curves():
-    from proxy.cli import build_parser
+def test_the_command_line_registers_curves():
+    from vlm_reward_cli import build_parser
 
     args = build_parser().parse_args(["curves", "some/run", "--out", "x"])
     assert args.run_dirs == ["some/run"] and callable(args.func)
@@ -176,6 +176,6 @@ def test_a_nonzero_fallback_rate_is_impossible_to_miss(run_dirs, tmp_path, capsy
     assert "runA" not in err and "runC" not in err  # runs without fallbacks are not flagged
     page = (out / "curves.html").read_text(encoding="utf-8")
     banner = page[page.index("<body>"):page.index("<h1>")]
-    assert 'class="fallback" role="alert"' in banner and "runB_qwen: 0.8% of episodes" in banner
+    assert 'class="alert" role="alert"' in banner and "runB_qwen: 0.8% of episodes" in banner
     with Image.open(out / "curves.png") as image:  # the figure's red title says it too
         assert "FALLBACK REWARDS: libero_10_grpo_openvlaoft_runB_qwen: 0.8%" in image.text["Description"]

@@ -12,9 +12,7 @@ Needs tensorboard (to read events, no TensorFlow) and matplotlib, both imported 
 from __future__ import annotations
 
 import argparse
-import base64
 import html
-import io
 import math
 import sys
 from collections.abc import Sequence
@@ -22,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_client._exceptions import MissingDependencyError
+from reports.plotting import MissingDependencyError, alert, figure_png, html_page, image_tag, pyplot, table
 
-__all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "fallback_warnings", "load_run", "main", "plot_runs",
-           "smooth"]
+__all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "fallback_warnings", "load_run", "plot_runs", "smooth"]
 
 FAILURES = "reward-model failures"
 # (tag, title); FAILURES is derived: env/vlm_fallback (a rate) x env/num_trajectories.
@@ -149,13 +146,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 def plot_runs(runs: list[Run], metrics: Sequence[tuple[str, str]], out_dir: str | Path, *,
               smoothing: float = 0.6, title: str | None = None) -> tuple[Path, Path]:
     """Write curves.png and curves.html under `out_dir`; returns their paths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise MissingDependencyError("`curves` draws with matplotlib: pip install matplotlib") from err
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = ", ".join(r.name for r in runs)
@@ -165,82 +156,60 @@ def plot_runs(runs: list[Run], metrics: Sequence[tuple[str, str]], out_dir: str 
     figure, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4.2 * rows), squeeze=False)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     summary: list[dict[str, Any]] = []
-    try:
-        for axis, (tag, label) in zip(axes.flat, metrics, strict=False):
-            drawn = False
-            for number, run in enumerate(runs):
-                series = run.series(tag)
-                if not series:
-                    continue
-                steps = [s for s, _ in series]
-                values = [v for _, v in series]
-                smoothed = smooth(values, smoothing)
-                colour = colours[number % len(colours)]
-                axis.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
-                axis.plot(steps, smoothed, color=colour, linewidth=2, label=run.name)
-                drawn = True
-                summary.append({"metric": tag, "run": run.name, "points": len(values),
-                                "last_step": steps[-1], "last": values[-1],
-                                "last_smoothed": smoothed[-1], "max_smoothed": max(smoothed)})
-            axis.set_title(label, fontsize=10)
-            axis.set_xlabel("training step")
-            axis.grid(alpha=0.3)
-            if drawn:
-                axis.legend(fontsize=8)
-            else:
-                axis.text(0.5, 0.5, f"no run logs {tag}", ha="center", va="center",
-                          transform=axis.transAxes, color="grey")
-        for axis in list(axes.flat)[len(metrics):]:
-            axis.set_visible(False)
-        warnings = fallback_warnings(runs)
-        if warnings:  # in red, above everything: the comparison is not VLM vs VLM for these steps
-            figure.suptitle("FALLBACK REWARDS — " + "; ".join(warnings), fontsize=11, color="red",
-                            fontweight="bold")
+    for axis, (tag, label) in zip(axes.flat, metrics, strict=False):
+        drawn = False
+        for number, run in enumerate(runs):
+            series = run.series(tag)
+            if not series:
+                continue
+            steps = [s for s, _ in series]
+            values = [v for _, v in series]
+            smoothed = smooth(values, smoothing)
+            colour = colours[number % len(colours)]
+            axis.plot(steps, values, color=colour, alpha=0.25, linewidth=1)
+            axis.plot(steps, smoothed, color=colour, linewidth=2, label=run.name)
+            drawn = True
+            summary.append({"metric": tag, "run": run.name, "points": len(values),
+                            "last_step": steps[-1], "last": values[-1],
+                            "last_smoothed": smoothed[-1], "max_smoothed": max(smoothed)})
+        axis.set_title(label, fontsize=10)
+        axis.set_xlabel("training step")
+        axis.grid(alpha=0.3)
+        if drawn:
+            axis.legend(fontsize=8)
         else:
-            figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
-        figure.tight_layout()
-        png = io.BytesIO()
-        description = f"runs: {names}" + ("; FALLBACK REWARDS: " + "; ".join(warnings) if warnings else "")
-        figure.savefig(png, format="png", dpi=110, metadata={"Title": title, "Description": description})
-    finally:
-        plt.close(figure)
+            axis.text(0.5, 0.5, f"no run logs {tag}", ha="center", va="center",
+                      transform=axis.transAxes, color="grey")
+    for axis in list(axes.flat)[len(metrics):]:
+        axis.set_visible(False)
+    warnings = fallback_warnings(runs)
+    if warnings:  # in red, above everything: the comparison is not VLM vs VLM for these steps
+        figure.suptitle("FALLBACK REWARDS — " + "; ".join(warnings), fontsize=11, color="red",
+                        fontweight="bold")
+    else:
+        figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
+    figure.tight_layout()
+    description = f"runs: {names}" + ("; FALLBACK REWARDS: " + "; ".join(warnings) if warnings else "")
+    png = figure_png(figure, title=title, description=description)
     png_path = out_dir / "curves.png"
-    png_path.write_bytes(png.getvalue())
+    png_path.write_bytes(png)
     html_path = out_dir / "curves.html"
-    html_path.write_text(_html_page(title, runs, summary, png.getvalue()), encoding="utf-8")
+    html_path.write_text(_html_page(title, runs, summary, png), encoding="utf-8")
     return png_path, html_path
 
 
 def _html_page(title: str, runs: list[Run], summary: list[dict[str, Any]], png: bytes) -> str:
-    def cell(value: Any) -> str:
-        text = f"{value:.4g}" if isinstance(value, float) else str(value)
-        return f"<td>{html.escape(text)}</td>"
-
-    run_rows = "".join(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(str(r.path))}</td></tr>"
-                       for r in runs)
+    banner = alert("Fallback rewards:", fallback_warnings(runs),
+                   "These episodes were not rewarded by the VLM; compare runs only where the rate is 0, "
+                   "or with that in mind.")
     keys = ("metric", "run", "points", "last_step", "last", "last_smoothed", "max_smoothed")
-    rows = "".join("<tr>" + "".join(cell(row[k]) for k in keys) + "</tr>" for row in summary)
-    image = base64.b64encode(png).decode("ascii")
-    warnings = fallback_warnings(runs)
-    banner = ("" if not warnings else '<div class="fallback" role="alert"><strong>Fallback rewards:</strong><ul>'
-              + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul>These episodes were not rewarded "
-              "by the VLM; compare runs only where the rate is 0, or with that in mind.</div>")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}img{{max-width:100%}}
-.fallback{{background:#fdd;border:3px solid #c00;color:#900;padding:1em;font-size:1.2em}}</style>
-</head><body>
-{banner}
-<h1>{html.escape(title)}</h1>
-<h2>Runs</h2><table><tr><th>run</th><th>directory</th></tr>{run_rows}</table>
-<img alt="curves of {html.escape(', '.join(r.name for r in runs))}" src="data:image/png;base64,{image}">
-<h2>Summary</h2>
-<table><tr>{''.join(f'<th>{k}</th>' for k in keys)}</tr>{rows}</table>
-<p>env/success_once is the simulator's ground truth, the fair curve to compare runs on.
-Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories.</p>
-</body></html>
-"""
+    body = (f"{banner}<h1>{html.escape(title)}</h1>\n<h2>Runs</h2>"
+            + table(("run", "directory"), ({"run": r.name, "directory": str(r.path)} for r in runs))
+            + image_tag(png, f"curves of {', '.join(r.name for r in runs)}")
+            + "<h2>Summary</h2>" + table(keys, summary)
+            + "<p>env/success_once is the simulator's ground truth, the fair curve to compare runs on. "
+              "Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories.</p>")
+    return html_page(title, body)
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -292,14 +261,3 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"WARNING: {warning}", file=sys.stderr)
     print(f"wrote {png} and {page}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlinf-curves")
-    add_subcommand(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["curves", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

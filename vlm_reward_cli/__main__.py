@@ -1,0 +1,5 @@
+import sys
+
+from vlm_reward_cli import main
+
+sys.exit(main())
