@@ -47,7 +47,7 @@ test-real-rlinf: install  ## the real RLinf LIBERO tier alone (builds its venv, 
 	$(PY) -m pytest -m real_rlinf tests/real_rlinf
 
 lint: install
-	$(VENV)/bin/ruff check proxy rlinf_client launchers vlm_protocol tests bench scripts
+	$(VENV)/bin/ruff check proxy rlinf_client launchers vlm_protocol reports vlm_reward_cli tests bench scripts
 
 bench: install
 	$(PY) bench/bench_media.py

@@ -15,7 +15,6 @@ import os
 import platform
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,15 +25,15 @@ from pathlib import Path
 import httpx
 import yaml
 
+from tests.helpers import QWEN_REPLY, free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 HOST = "127.0.0.1"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -89,10 +88,10 @@ def wait_ready(server: Server, path: str, timeout_s: float = 60.0, expect: int =
 
 
 def start_fake(log_dir: Path, name: str, model: str, *, latency_base_s: float = 0.0,
-               latency_per_seq_s: float = 0.0, max_num_seqs: int = 256) -> Server:
+               latency_per_seq_s: float = 0.0, max_num_seqs: int = 256, default_text: str = QWEN_REPLY) -> Server:
     port = free_port()
     proc, log = _spawn(name, [PY, "-m", "tests.fakes.fake_vllm", "--host", HOST, "--port", str(port),
-                              "--served-model-name", model, "--no-record",
+                              "--served-model-name", model, "--no-record", "--default-text", default_text,
                               "--latency-base-s", str(latency_base_s),
                               "--latency-per-seq-s", str(latency_per_seq_s),
                               "--max-num-seqs", str(max_num_seqs)], log_dir)
@@ -121,7 +120,7 @@ def proxy_config(model: str, endpoints: list[str], *, max_in_flight: int = 64, m
 
 
 def start_proxy(log_dir: Path, config: dict, name: str = "proxy", root: Path | None = None) -> Server:
-    """`python -m proxy.cli serve` from `root` (default this checkout; another one, e.g. a scratch
+    """`python -m vlm_reward_cli serve` from `root` (default this checkout; another one, e.g. a scratch
     copy with a change, runs with that copy's .venv/bin/python if it has one)."""
     root = Path(root) if root else ROOT
     python = str(root / ".venv/bin/python") if root != ROOT and (root / ".venv/bin/python").exists() else PY

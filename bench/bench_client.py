@@ -19,31 +19,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._common import env_info, pct, start_fake, start_proxy, stop, write_json  # noqa: E402
 from proxy.config import settings_from_dict  # noqa: E402
 from rlinf_client import Episode, EpisodeFrameBuffer, RewardClient, RewardModelConfig  # noqa: E402
 from rlinf_client._base_client import build_request_body  # noqa: E402
 from tests.conftest import libero_settings_dict  # noqa: E402
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread  # noqa: E402
 from tests.fakes.proxy_server import ProxyServerThread  # noqa: E402
+from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, QWEN_MODEL, QWEN_REPLY  # noqa: E402
 
 MODES = {  # name -> reward_model overrides (the burst uses /score/batch only where batch: auto)
     "inline (16 picked, npy)": {"transport": "inline", "client_sampling": True},
@@ -76,64 +71,27 @@ def filled_buffer(frames: np.ndarray, capacity: int) -> tuple[EpisodeFrameBuffer
     return buffer, (time.perf_counter() - started) * 1e3 / len(frames)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url, timeout=1.0, trust_env=False).status_code < 500:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
 @contextlib.contextmanager
 def stack(media: Path, in_process: bool) -> Iterator[str]:
     """Fake Qwen + fake PRIMO + the proxy; yields the proxy's base URL."""
     if in_process:
-        with FakeVLLMThread(FakeConfig(served_model_name="Qwen2.5-VL-7B-Instruct", record=False,
-                                       default_text="<score>75</score>")) as qwen, \
-                FakeVLLMThread(FakeConfig(served_model_name="PRIMO-R1-7B", record=False)) as primo:
+        with FakeVLLMThread(FakeConfig(served_model_name=QWEN_MODEL, record=False, default_text=QWEN_REPLY)) as qwen, \
+                FakeVLLMThread(FakeConfig(served_model_name=PRIMO_MODEL, record=False,
+                                          default_text=PRIMO_REPLY)) as primo:
             settings = settings_from_dict(libero_settings_dict([qwen.base_url], [primo.base_url], media))
             with ProxyServerThread(settings) as proxy:
                 yield proxy.url
         return
-    python, env = sys.executable, {**os.environ, "PYTHONPATH": str(REPO)}
-    ports = {"qwen": free_port(), "primo": free_port(), "proxy": free_port()}
-    processes = [
-        subprocess.Popen([python, "-m", "tests.fakes.fake_vllm", "--port", str(ports["qwen"]), "--no-record",
-                          "--served-model-name", "Qwen2.5-VL-7B-Instruct", "--default-text", "<score>75</score>"],
-                         cwd=REPO, env=env, stdout=subprocess.DEVNULL),
-        subprocess.Popen([python, "-m", "tests.fakes.fake_vllm", "--port", str(ports["primo"]), "--no-record",
-                          "--served-model-name", "PRIMO-R1-7B"], cwd=REPO, env=env, stdout=subprocess.DEVNULL),
-    ]
+    servers = []
     try:
-        for name in ("qwen", "primo"):
-            wait_ready(f"http://127.0.0.1:{ports[name]}/health")
-        config = libero_settings_dict([f"http://127.0.0.1:{ports['qwen']}/v1"],
-                                      [f"http://127.0.0.1:{ports['primo']}/v1"], media)
-        config_path = media / "bench-proxy.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        processes.append(subprocess.Popen(
-            [python, "-m", "vlm_reward_cli", "serve", "--config", str(config_path), "--port", str(ports["proxy"]),
-             "--log-level", "warning"], cwd=REPO, env=env, stdout=subprocess.DEVNULL))
-        url = f"http://127.0.0.1:{ports['proxy']}"
-        wait_ready(f"{url}/health")
-        yield url
+        servers.append(start_fake(media, "qwen", QWEN_MODEL))
+        servers.append(start_fake(media, "primo", PRIMO_MODEL, default_text=PRIMO_REPLY))
+        config = libero_settings_dict(*([f"{fake.url}/v1"] for fake in servers), media)
+        servers.append(start_proxy(media, config))
+        yield servers[-1].url
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q))
+        for server in servers:
+            stop(server)
 
 
 def bench_mode(name: str, overrides: dict, proxy_url: str, media: Path, buffer: EpisodeFrameBuffer,
@@ -164,7 +122,7 @@ def bench_mode(name: str, overrides: dict, proxy_url: str, media: Path, buffer: 
         burst_s = time.perf_counter() - started
     assert all(r.ok for r in results)
     return {"mode": name, "build_ms_p50": statistics.median(build_ms), "body_kb": body_bytes / 1024,
-            "e2e_ms_p50": statistics.median(e2e_ms), "e2e_ms_p90": percentile(e2e_ms, 90),
+            "e2e_ms_p50": statistics.median(e2e_ms), "e2e_ms_p90": pct(e2e_ms, 90),
             "proxy_ms_p50": statistics.median(proxy_ms), "burst": burst, "burst_s": burst_s,
             "frames_sent": result.response["frames"]["source_count"]}
 
@@ -195,14 +153,9 @@ def main() -> int:
     for r in rows:
         print(f"{r['mode']:30} {r['frames_sent']:>5} {r['build_ms_p50']:>9.2f} {r['body_kb']:>9.0f} "
               f"{r['e2e_ms_p50']:>8.2f} {r['e2e_ms_p90']:>8.2f} {r['proxy_ms_p50']:>9.2f} {r['burst_s']:>10.2f}")
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"bench_client-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({
+    out = write_json(f"bench/results/bench_client-{time.strftime('%Y%m%d-%H%M%S')}.json", {
         "args": vars(args), "append_us_per_step": append_ms * 1e3, "buffer_mib": buffer.nbytes / 2**20,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "platform": platform.platform()},
-        "rows": rows}, indent=2))
+        "machine": env_info(), "rows": rows})
     print(f"wrote {out.relative_to(REPO)}")
     return 0
 

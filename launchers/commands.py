@@ -71,7 +71,7 @@ def vllm_argv(*, model_path: str, served_model_name: str, tensor_parallel_size: 
               max_model_len: int, gpu_memory_utilization: float, limit_mm: Mapping[str, int],
               host: str, port: int, seed: int, extra_args: list[str] | tuple[str, ...] = (),
               vllm: str = "vllm") -> list[str]:
-    """`vllm serve MODEL ...`, flags in the order of docs/vllm-facts.md, then extra_args."""
+    """`vllm serve MODEL ...`, flags in a fixed order (docs/stack.md shows the lines), then extra_args."""
     return [
         vllm, "serve", model_path,
         "--served-model-name", served_model_name,

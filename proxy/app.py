@@ -12,9 +12,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from proxy.backends import BackendRegistry
+from proxy.compare import Comparer
 from proxy.config import Settings
 from proxy.edge import Edge
 from proxy.errors import ConfigError, ProxyError
+from proxy.frame_store import FrameStore
 from proxy.health import Prober
 from proxy.http_errors import install_handlers
 from proxy.observe import AuditLog, Metrics
@@ -73,8 +75,13 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.registry = registry
             app.state.prober = prober
             app.state.gate = gate
+            frame_store = FrameStore(settings.proxy.frame_store, metrics) if settings.proxy.frame_store else None
+            if frame_store is not None:
+                await asyncio.to_thread(frame_store.open)
+            app.state.frame_store = frame_store
             app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics,
-                                      AuditLog(settings.proxy.audit_log))
+                                      AuditLog(settings.proxy.audit_log), frame_store)
+            app.state.comparer = Comparer(app.state.scorer)  # /compare, on the scorer's pieces
             app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
             await prober.run_once()  # /health is true from the first request on
             _warn_unready(prober, registry)
@@ -85,6 +92,8 @@ def create_app(settings: Settings) -> FastAPI:
             finally:
                 stop_probing.set()
                 await probing
+                if frame_store is not None:
+                    frame_store.close()
 
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
     app.include_router(router)

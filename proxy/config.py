@@ -43,6 +43,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FrameStoreConfig(_Strict):
+    """The exact JPEGs sent to vLLM, kept once each by content hash (what `report` shows and
+    `replay` re-scores). When it is full or the disk fails, scoring goes on and says so."""
+
+    dir: Path
+    max_mb: float = Field(10_240.0, gt=0)
+
+
 class ProxySettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(18080, ge=0, le=65535)
@@ -56,6 +64,7 @@ class ProxySettings(_Strict):
     max_source_pixels: PositiveInt = 4096 * 4096  # decoded frame size cap (decompression bombs)
     prompts_dir: Path = Path("prompts")
     audit_log: Path | None = None
+    frame_store: FrameStoreConfig | None = None  # opt-in; the audit log names each frame by hash
     # Bounded wait for a backend's /health and /v1/models when /health is asked.
     health_timeout_s: float = Field(2.0, gt=0)
     # Background readiness polling of every endpoint (closes circuits of recovered replicas).
@@ -168,10 +177,8 @@ class LaunchConfig(_Strict):
     def _gpus_match_tp(self) -> LaunchConfig:
         for i, replica in enumerate(self.replicas):
             if len(replica.gpus) != self.tensor_parallel_size:
-                raise ValueError(
-                    f"replicas[{i}].gpus has {len(replica.gpus)} GPUs but "
-                    f"tensor_parallel_size is {self.tensor_parallel_size}"
-                )
+                raise ValueError(f"replicas[{i}].gpus has {len(replica.gpus)} GPUs but "
+                                 f"tensor_parallel_size is {self.tensor_parallel_size}")
         return self
 
 
@@ -260,11 +267,13 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
     def resolve(p: Path) -> Path:
         return p if p.is_absolute() else (base_dir / p).resolve()
 
+    store = settings.proxy.frame_store
     proxy = settings.proxy.model_copy(
         update={
             "prompts_dir": resolve(settings.proxy.prompts_dir),
             "allowed_media_roots": [resolve(r) for r in settings.proxy.allowed_media_roots],
             "audit_log": resolve(settings.proxy.audit_log) if settings.proxy.audit_log else None,
+            "frame_store": store.model_copy(update={"dir": resolve(store.dir)}) if store else None,
         }
     )
     return settings.model_copy(update={"proxy": proxy})
@@ -272,6 +281,12 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
 
 def load_settings(path: str | Path) -> Settings:
     path = Path(path)
+    return settings_from_dict(read_config(path), base_dir=path.parent.resolve(), source=str(path))
+
+
+def read_config(path: Path) -> dict:
+    """The config file as a plain mapping (strict YAML), before validation: for tools that change
+    a setting or two and then validate the whole (`replay`)."""
     try:
         text = path.read_text()
     except OSError as err:
@@ -282,4 +297,4 @@ def load_settings(path: str | Path) -> Settings:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping with 'proxy' and 'backends'")
-    return settings_from_dict(data, base_dir=path.parent.resolve(), source=str(path))
+    return data

@@ -23,6 +23,7 @@
         │   └── MediaKwargsRefused 502 upstream_refuses_mm_kwargs
         ├── UpstreamProtocolError 502  upstream_bad_response (malformed JSON / shape)
         └── ScoreParseError       502  unparseable_score    (no declared answer in the reply)
+            └── LabelParseError   502  unparseable_label    (/compare: no -1, 0 or 1 in the reply)
 
 `proxy/http_errors.py` turns this tree into HTTP answers; nothing else builds error responses.
 """
@@ -196,6 +197,12 @@ class ScoreParseError(UpstreamError):
         super().__init__(message, output_text=shown, finish_reason=finish_reason, **details)
         self.output_text = output_text
         self.finish_reason = finish_reason
+
+
+class LabelParseError(ScoreParseError):
+    """/compare: the reply holds no preference label (-1, 0 or 1); re-asked like an unparseable score."""
+
+    code = "unparseable_label"
 
 
 # Transport-level failures worth another try (retry.py's policy).

@@ -66,19 +66,45 @@ def build_chat_body(
     user_text: str,
     frames: EncodedFrames,
     fps: float,
+    estimate_fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The exact JSON sent upstream. Every sampling field is explicit (see module docstring)."""
+    """The exact JSON sent upstream. Every sampling field is explicit (see module docstring);
+    `estimate_fields` are n, structured_outputs and logprobs (resolve.py)."""
     body: dict[str, Any] = {
         "model": backend.model,
         "messages": build_messages(backend.layout, system, user_text, frames),
         # every field of SamplingConfig, so a new one can never be forgotten here
         **sampling.model_dump(exclude_none=True),
         "n": 1,
+        **(estimate_fields or {}),
         "stream": False,
     }
     if backend.request_mm_kwargs and layout_has_video(backend.layout):
         body["media_io_kwargs"] = media_io_kwargs(frames, fps)
     return body
+
+
+def build_compare_body(backend: BackendConfig, sampling: SamplingConfig, system: str | None,
+                       labels: list[str], user_text: str, episodes: list[EncodedFrames], fps: float) -> dict[str, Any]:
+    """Several episodes in one user turn (POST /compare): each episode's label text, then its media
+    as the layout places one episode, then the question. media_io_kwargs covers the longest video."""
+    content: list[dict] = []
+    for label, frames in zip(labels, episodes, strict=True):
+        content += [_text_part(label), *build_messages(backend.layout, None, "", frames)[-1]["content"][:-1]]
+    body = build_text_body(backend, sampling, system, [*content, _text_part(user_text)])
+    if backend.request_mm_kwargs and layout_has_video(backend.layout):
+        longest = max(episodes, key=lambda frames: len(frames.jpegs))
+        body["media_io_kwargs"] = media_io_kwargs(longest, fps)
+    return body
+
+
+def build_text_body(backend: BackendConfig, sampling: SamplingConfig, system: str | None,
+                    content: str | list[dict]) -> dict[str, Any]:
+    """A body with one user turn and no media of its own (the second step of a two-step /compare)."""
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": content})
+    return {"model": backend.model, "messages": messages, **sampling.model_dump(exclude_none=True), "n": 1,
+            "stream": False}
 
 
 def vision_token_count(layout: str, frames: EncodedFrames) -> int:

@@ -83,6 +83,10 @@ class EncodedFrames:
     def sha256(self) -> list[str]:
         return [hashlib.sha256(j).hexdigest() for j in self.jpegs]
 
+    @property
+    def still_sha256(self) -> list[str]:
+        return [hashlib.sha256(j).hexdigest() for j in self.stills]
+
 
 # -- sources ---------------------------------------------------------------------------------------
 def resolve_media_path(video_path: str, allowed_roots: list[Path]) -> Path:

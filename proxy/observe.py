@@ -49,6 +49,16 @@ class Metrics:
                                   ["backend", "endpoint"], registry=r)
         self.in_flight = Gauge("vlm_proxy_in_flight", "Scoring requests in progress", ["backend"],
                                registry=r)
+        self.comparisons = Counter("vlm_proxy_comparisons_total", "Comparisons (POST /compare, batch items "
+                                   "included) by outcome: the label (0, 1, -1) or the error code",
+                                   ["backend", "outcome"], registry=r)
+        self.compare_latency = Histogram("vlm_proxy_compare_seconds", "Whole /compare time", ["backend"],
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.frame_store_bytes = Gauge("vlm_proxy_frame_store_bytes", "Bytes held by the frame store",
+                                       registry=r)
+        self.frame_store_errors = Counter("vlm_proxy_frame_store_errors_total",
+                                          "Episodes whose frames the store could not keep (full, os_error)",
+                                          ["reason"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

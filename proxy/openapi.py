@@ -5,14 +5,19 @@ prompt kwargs, the templates' variables). The test suite runs schemathesis again
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from proxy.config import SamplingConfig, Settings
+from proxy.config import BackendConfig, SamplingConfig, Settings
+from proxy.estimate import REDUCTIONS, single_token_values
+from proxy.preference import DEFAULT_COMPARE_PROMPT, PROMPT_NAME, parse_compare_template
 from proxy.prompts import SEED_PROMPT_KWARGS, PromptStore
-from proxy.scales import SCORE_MODES
+from proxy.resolve import MAX_SAMPLES
+from proxy.scales import SCORE_MODES, scale_for_mode
 
 __all__ = ["install_openapi"]
 
@@ -25,13 +30,62 @@ def _backend_kwargs_schema(settings: Settings, prompts: PromptStore) -> dict[str
     properties["score_mode"] = {"enum": list(SCORE_MODES)}
     for key in SEED_PROMPT_KWARGS:
         properties[key] = {"type": "string", "maxLength": settings.proxy.max_prompt_chars}
+    properties.update(  # estimate.py; how they combine is checked per request (a 422 names the key)
+        constrain={"type": "boolean"}, logprob_score={"type": "boolean"},
+        samples={"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES},
+        quorum={"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES}, reduce={"enum": list(REDUCTIONS)})
     for backend in settings.backends.values():
         for variable in prompts.get(backend.prompt).variable_names - {"task_text"}:
             properties[variable] = {"type": "string"}
     return {"type": "object", "properties": properties, "additionalProperties": False,
             "not": {"required": ["user_prompt", "prompt_template"]},  # each replaces the whole user text
-            "description": "sampling overrides within bounds, score_mode, the seed's system_prompt / "
-                           "user_prompt / prompt_template, and the prompt template's variables"}
+            "anyOf": _estimate_combinations(),
+            "description": "sampling overrides within bounds, score_mode, the estimate (constrain, samples, "
+                           "reduce, quorum, logprob_score), the seed's system_prompt / user_prompt / "
+                           "prompt_template, and the prompt template's variables"}
+
+
+def _labels(backends: Iterable[tuple[str, BackendConfig]]) -> list[str]:
+    """Every name a request may pick these backends by."""
+    return sorted({label for name, b in backends for label in (name, b.model, *b.aliases)})
+
+
+def _estimate_combinations() -> list[dict[str, Any]]:
+    """How the estimate's keys combine (resolve.py checks the same per request): quorum ≤ samples;
+    k > 1 samples need a temperature above 0 and exclude logprob_score. Stated with the temperature
+    in the request, the rule that holds whatever the backend's default temperature."""
+    one = {"properties": {"samples": {"const": 1}, "quorum": {"maximum": 1}}}
+    many = [{"required": ["samples", "temperature"],
+             "properties": {"samples": {"const": k}, "quorum": {"maximum": k},
+                            "temperature": {"exclusiveMinimum": 0}, "logprob_score": {"const": False}}}
+            for k in range(2, MAX_SAMPLES + 1)]
+    return [one, *many]
+
+
+def _logprob_scale_rule(settings: Settings, prompts: PromptStore) -> dict[str, Any] | None:
+    """logprob_score needs an answer of one token: per backend, the score_modes that give one
+    (resolve.py checks the same per request); None when every combination does."""
+    off = {"properties": {"backend_kwargs": {"properties": {"logprob_score": {"const": False}}}}}
+    branches, everywhere = [off], True
+    for index, (name, backend) in enumerate(settings.backends.items()):
+        declared = prompts.get(backend.prompt).answer
+        modes = [m for m in SCORE_MODES
+                 if single_token_values(replace(declared, scale=scale_for_mode(m, declared.scale))) is not None]
+        by_default = backend.score_mode in modes
+        everywhere &= len(modes) == len(SCORE_MODES)
+        if not modes:
+            continue
+        kwargs: dict[str, Any] = {"properties": {"score_mode": {"enum": modes}}}
+        if not by_default:
+            kwargs["required"] = ["score_mode"]
+        branch: dict[str, Any] = {"properties": {"backend": {"enum": _labels([(name, backend)])},
+                                                 "backend_kwargs": kwargs}}
+        if index == 0:  # no backend (or null) is the first one
+            branch["properties"]["backend"]["enum"].append(None)
+        else:
+            branch["required"] = ["backend"]
+        branches.append(branch)
+    return None if everywhere else {"anyOf": branches}
 
 
 def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[str, Any]:
@@ -40,15 +94,43 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
     schemas = document["components"]["schemas"]
     score = schemas["ScoreRequest"]["properties"]
     proxy = settings.proxy
-    labels = sorted({label for name, b in settings.backends.items() for label in (name, b.model, *b.aliases)})
+    labels = _labels(settings.backends.items())
     score["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
                         "description": "a backend's name, served model name or alias; null = the first"}
     score["nframes"]["anyOf"][0]["maximum"] = proxy.max_nframes
     score["max_pixels"]["anyOf"][0]["maximum"] = proxy.max_pixels_limit
     score["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
     score["backend_kwargs"] = _backend_kwargs_schema(settings, prompts)
+    if (rule := _logprob_scale_rule(settings, prompts)) is not None:
+        schemas["ScoreRequest"].setdefault("allOf", []).append(rule)
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
+    _complete_compare(schemas, settings, prompts, labels)
     return document
+
+
+def _complete_compare(schemas: dict[str, Any], settings: Settings, prompts: PromptStore, labels: list[str]) -> None:
+    """POST /compare: the same caps as /score, the comparison templates, and their backend_kwargs
+    (sampling fields and the templates' variables; nothing of the score's estimate)."""
+    proxy, compare = settings.proxy, schemas["CompareRequest"]["properties"]
+    compare["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
+                          "description": "a backend's name, served model name or alias; null = the first"}
+    compare["nframes"]["anyOf"][0]["maximum"] = proxy.max_nframes
+    compare["max_pixels"]["anyOf"][0]["maximum"] = proxy.max_pixels_limit
+    schemas["CompareEpisode"]["properties"]["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
+    store = PromptStore(prompts.directory, parser=parse_compare_template)
+    names = sorted(p.stem for p in prompts.directory.glob("compare_*.yaml") if PROMPT_NAME.match(p.stem))
+    compare["prompt"] = {"anyOf": [{"enum": names}, {"type": "null"}], "default": None,
+                         "description": f"a comparison template of prompts_dir; null = {DEFAULT_COMPARE_PROMPT}"}
+    sampling = SamplingConfig.model_json_schema()["properties"]
+    kwargs: dict[str, Any] = {name: {k: v for k, v in spec.items() if k != "default"}
+                              for name, spec in sampling.items()}
+    kwargs["max_tokens"]["maximum"] = min(b.max_tokens_limit for b in settings.backends.values())
+    for name in names:
+        kwargs.update({v: {"type": "string"} for v in store.get(name).variable_names - {"task_text"}})
+    compare["backend_kwargs"] = {"type": "object", "properties": kwargs, "additionalProperties": False,
+                                 "description": "sampling overrides within bounds, and the comparison "
+                                                "template's variables"}
+    schemas["BatchCompareRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
 
 
 def install_openapi(app: FastAPI, settings: Settings, prompts: PromptStore) -> None:

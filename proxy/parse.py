@@ -18,12 +18,13 @@ at max_tokens (finish_reason "length"). A number found elsewhere in the text is 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.errors import ScoreParseError
 from proxy.scales import Scale, scale_for_mode
 
-__all__ = ["AnswerSpec", "ParsedScore", "parse_score", "strip_reasoning"]
+__all__ = ["AnswerSpec", "ParsedScore", "declared_fragment", "parse_score", "strip_reasoning"]
 
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
 # One number, optionally "%" or "/max", optionally one trailing full stop: nothing else.
@@ -41,6 +42,8 @@ class AnswerSpec:
     tags: tuple[str, ...]  # e.g. ("answer",); () = an untagged answer only
     untagged: bool  # the whole trimmed reply may be the answer (always True when tags == ())
     scale: Scale
+    constrain: bool = False  # ask vLLM to constrain the reply to this format (constrain.py)
+    reasoning: bool = False  # the reply opens with a <think>…</think> block (for the constraint)
 
     def describe(self) -> str:
         where = " or ".join(f"<{t}>…</{t}>" for t in self.tags) or "the whole reply"
@@ -76,32 +79,38 @@ def parse_score(text: str, spec: AnswerSpec, mode: str = "auto", *,
         return ScoreParseError(f"{reason}; the template asks for {spec.describe()}",
                                output_text=text, finish_reason=finish_reason)
 
+    fragment, source = declared_fragment(text, spec.tags, spec.untagged, fail, what="answer",
+                                         finish_reason=finish_reason)
+    parsed = _read(fragment, scale, source, mode)
+    if parsed is None:
+        raise fail(f"the reply is not one number on the {scale.name} scale" if source == "untagged" else
+                   f"<{source[:-4]}> holds {fragment.strip()[:60]!r}, not one number on the {scale.name} scale")
+    return parsed
+
+
+def declared_fragment(text: str, tags: tuple[str, ...], untagged: bool, fail: Callable[[str], Exception], *,
+                      what: str, finish_reason: str | None) -> tuple[str, str]:
+    """(the text in the one declared place, "<tag>_tag" or "untagged") of a reply after its
+    reasoning, or `fail(reason)` raised: a reply cut at max_tokens, two tags, an unclosed one,
+    nothing after the reasoning, no tag where one is required. Scores and preference labels read
+    replies this one way."""
     if finish_reason == "length":
         raise fail("the reply was cut at max_tokens (finish_reason=length)")
     visible = strip_reasoning(text or "")
-    found: list[tuple[str, str]] = []
-    for tag in spec.tags:
-        found += [(tag, inner) for inner in _tag_pattern(tag).findall(visible)]
+    found = [(tag, inner) for tag in tags for inner in _tag_pattern(tag).findall(visible)]
     if len(found) > 1:
-        raise fail(f"{len(found)} answer tags ({', '.join(f'<{t}>' for t, _ in found)}); which is the answer?")
+        raise fail(f"{len(found)} {what} tags ({', '.join(f'<{t}>' for t, _ in found)}); which is the {what}?")
     if found:
-        tag, inner = found[0]
-        parsed = _read(inner, scale, f"{tag}_tag", mode)
-        if parsed is None:
-            raise fail(f"<{tag}> holds {inner.strip()[:60]!r}, not one number on the {scale.name} scale")
-        return parsed
-    unclosed = [t for t in spec.tags if re.search(rf"<{re.escape(t)}>", visible, re.I)]
+        return found[0][1], f"{found[0][0]}_tag"
+    unclosed = [t for t in tags if re.search(rf"<{re.escape(t)}>", visible, re.I)]
     if unclosed:
         raise fail(f"<{unclosed[0]}> is never closed")
     if not visible.strip():
-        raise fail("the reply holds reasoning and no answer after it" if (text or "").strip()
+        raise fail(f"the reply holds reasoning and no {what} after it" if (text or "").strip()
                    else "the reply is empty")
-    if not spec.untagged:
-        raise fail("no answer tag in the reply")
-    parsed = _read(visible, scale, "untagged", mode)
-    if parsed is None:
-        raise fail(f"the reply is not one number on the {scale.name} scale")
-    return parsed
+    if not untagged:
+        raise fail(f"no {what} tag in the reply")
+    return visible, "untagged"
 
 
 def _read(fragment: str, scale: Scale, source: str, mode: str) -> ParsedScore | None:

@@ -12,6 +12,8 @@ A template is `prompts/<name>.yaml`:
       tags: [answer]                # the reply must hold exactly one; [] = untagged only
       untagged: false               # also accept a reply that is just the number
       scale: {min: 0, max: 100}     # or `binary`; `zero: 1` makes a 1-5 scale start at 0
+      constrain: false              # ask vLLM to hold the reply to this format (constrain.py)
+      reasoning: false              # the reply opens with <think>…</think> (the constraint allows it)
 
 `${name}` placeholders (string.Template) keep literal braces in prompts free to use. Rendered
 text has no leading or trailing whitespace (YAML block scalars end in a newline). A file is
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -115,15 +118,16 @@ def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
     if not isinstance(declared, dict):
         raise PromptTemplateError(f"{where} must be declared: a mapping with tags, untagged and scale "
                                   "(e.g. answer: {tags: [answer], scale: {min: 0, max: 100}})")
-    unknown = set(declared) - {"tags", "untagged", "scale"}
+    unknown = set(declared) - {"tags", "untagged", "scale", "constrain", "reasoning"}
     if unknown:
         raise PromptTemplateError(f"{where} has unknown keys: {sorted(unknown)}")
     tags = declared.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) and t.isidentifier() for t in tags):
         raise PromptTemplateError(f"{where}.tags must be a list of tag names, e.g. [answer]")
-    untagged = declared.get("untagged", False)
-    if not isinstance(untagged, bool):
-        raise PromptTemplateError(f"{where}.untagged must be true or false")
+    flags = {key: declared.get(key, False) for key in ("untagged", "constrain", "reasoning")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise PromptTemplateError(f"{where}.{key} must be true or false")
     raw_scale = declared.get("scale")
     if raw_scale == "binary":
         scale = BINARY
@@ -134,14 +138,16 @@ def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
             raise PromptTemplateError(f"{where}.scale: {err}") from err
     else:
         raise PromptTemplateError(f"{where}.scale must be `binary` or {{min, max[, zero]}}, got {raw_scale!r}")
-    return AnswerSpec(tags=tuple(tags), untagged=untagged or not tags, scale=scale)
+    return AnswerSpec(tags=tuple(tags), untagged=flags["untagged"] or not tags, scale=scale,
+                      constrain=flags["constrain"], reasoning=flags["reasoning"])
 
 
 class PromptStore:
     """Templates by name from one directory, re-read when a file changes."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, parser: Callable[[str, bytes], Any] | None = None) -> None:
         self.directory = Path(directory)
+        self._parse = parser or parse_template  # another kind of template (preference.py) brings its own
         self._cache: dict[str, tuple[tuple[int, int], PromptTemplate]] = {}
         self._lock = threading.Lock()
 
@@ -161,7 +167,7 @@ class PromptStore:
             cached = self._cache.get(name)
             if cached and cached[0] == stamp:
                 return cached[1]
-        template = parse_template(name, path.read_bytes())
+        template = self._parse(name, path.read_bytes())
         with self._lock:
             self._cache[name] = (stamp, template)
         return template

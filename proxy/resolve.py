@@ -3,23 +3,29 @@ caps, the seed's prompt kwargs, the frame cap, the presentation rate, and what a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from proxy.config import BackendConfig, ProxySettings, SamplingConfig
+from proxy.constrain import answer_regex
 from proxy.errors import InvalidRequest
+from proxy.estimate import REDUCTIONS, Estimate, single_token_values
 from proxy.layouts import layout_has_stills
 from proxy.media import EncodedFrames, FrameLimits
+from proxy.parse import AnswerSpec
 from proxy.prompts import SEED_PROMPT_KWARGS, PromptTemplate
-from proxy.scales import SCORE_MODES
+from proxy.scales import SCORE_MODES, scale_for_mode
 from proxy.schemas import ScoreRequest
 
 __all__ = ["ResolvedRequest", "presentation_fps", "resolve_request", "sampling_for_ask"]
 
 SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
 MIN_MAX_PIXELS = 28 * 28  # the smallest per-frame budget a request may ask for (the seed's bound)
+MAX_SAMPLES = 16  # n per request: k decodes share one prefill, but each costs its max_tokens
+TOP_LOGPROBS = 20  # vLLM's default cap (--max-logprobs) is 20
+ESTIMATE_KWARGS = ("constrain", "samples", "reduce", "quorum", "logprob_score")
 
 
 @dataclass(frozen=True)
@@ -28,11 +34,13 @@ class ResolvedRequest:
 
     sampling: SamplingConfig
     score_mode: str
+    answer: AnswerSpec  # the template's answer on the score_mode's scale (what is parsed and constrained)
     variables: dict[str, Any]
     prompt_overrides: dict[str, str]  # the seed's system_prompt / user_prompt / prompt_template
     limits: FrameLimits
     requested_nframes: int
-
+    estimate: Estimate
+    upstream_fields: dict[str, Any]  # what the estimate adds to the chat body (n, structured_outputs, logprobs)
 
 
 def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate,
@@ -53,7 +61,7 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
         raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
                              f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
     template_vars = template.variable_names
-    overrides, variables, prompt_overrides, score_mode = {}, {}, {}, cfg.score_mode
+    overrides, variables, prompt_overrides, score_mode, estimate_kwargs = {}, {}, {}, cfg.score_mode, {}
     for key, value in request.backend_kwargs.items():
         if key in SAMPLING_FIELDS:
             overrides[key] = value
@@ -62,6 +70,8 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
                 raise InvalidRequest(f"score_mode must be one of {', '.join(SCORE_MODES)}",
                                      field="backend_kwargs.score_mode")
             score_mode = value
+        elif key in ESTIMATE_KWARGS:
+            estimate_kwargs[key] = value
         elif key in SEED_PROMPT_KWARGS:
             if not isinstance(value, str) or len(value) > proxy.max_prompt_chars:
                 raise InvalidRequest(f"backend_kwargs.{key} must be a string of at most "
@@ -73,10 +83,13 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
         else:
             raise InvalidRequest(
                 f"backend_kwargs.{key} is not a sampling field ({', '.join(sorted(SAMPLING_FIELDS))}), "
-                f"score_mode, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}, or a variable of prompt "
+                f"score_mode, {', '.join(ESTIMATE_KWARGS)}, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}, "
+                f"or a variable of prompt "
                 f"{cfg.prompt!r} ({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
                 field=f"backend_kwargs.{key}")
     sampling = _override_sampling(cfg, overrides)
+    answer = replace(template.answer, scale=scale_for_mode(score_mode, template.answer.scale))
+    estimate = _estimate(estimate_kwargs, template.name, answer, sampling)
     frames = cfg.frames
     limits = FrameLimits(
         nframes=nframes, max_pixels=max_pixels, min_pixels=frames.min_pixels,
@@ -84,8 +97,9 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
         image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout),
         jpeg_quality=frames.jpeg_quality, default_source_fps=frames.default_source_fps,
         max_inline_frames=proxy.max_inline_frames, max_source_pixels=proxy.max_source_pixels)
-    return ResolvedRequest(sampling=sampling, score_mode=score_mode, variables=variables,
-                     prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested)
+    return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
+                           prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
+                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer))
 
 
 def presentation_fps(cfg: BackendConfig, request: ScoreRequest, frames: EncodedFrames) -> float:
@@ -126,3 +140,50 @@ def _override_sampling(cfg: BackendConfig, overrides: dict[str, Any]) -> Samplin
                              field="backend_kwargs.max_tokens")
     return sampling
 
+
+def _kwarg_error(key: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"backend_kwargs.{key} {message}", field=f"backend_kwargs.{key}")
+
+
+def _whole_number(value: Any) -> int | None:
+    """An int, or a float with no fraction (JSON's 8.0 is the integer 8, as pydantic reads it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if float(value).is_integer() else None
+
+
+def _estimate(kwargs: dict[str, Any], prompt: str, answer: AnswerSpec, sampling: SamplingConfig) -> Estimate:
+    """samples / reduce / quorum / logprob_score / constrain, checked against each other."""
+    for key in ("constrain", "logprob_score"):
+        if key in kwargs and not isinstance(kwargs[key], bool):
+            raise _kwarg_error(key, "must be true or false")
+    samples = _whole_number(kwargs.get("samples", 1))
+    if samples is None or not 1 <= samples <= MAX_SAMPLES:
+        raise _kwarg_error("samples", f"must be an integer from 1 to {MAX_SAMPLES}")
+    if samples > 1 and sampling.temperature == 0:
+        raise _kwarg_error("samples", "needs temperature > 0 (greedy decoding gives k copies of one reply): "
+                                      "add backend_kwargs.temperature")
+    reduce = kwargs.get("reduce", "median")
+    if reduce not in REDUCTIONS:
+        raise _kwarg_error("reduce", f"must be one of {', '.join(REDUCTIONS)}")
+    quorum = _whole_number(kwargs.get("quorum", (samples + 1) // 2))
+    if quorum is None or not 1 <= quorum <= samples:
+        raise _kwarg_error("quorum", f"must be an integer from 1 to samples ({samples})")
+    logprob = kwargs.get("logprob_score", False)
+    if logprob and samples > 1:
+        raise _kwarg_error("logprob_score", "and samples > 1 are two estimators: choose one")
+    if logprob and single_token_values(answer) is None:
+        raise _kwarg_error("logprob_score", f"needs a single-token scale (0-9 or binary); prompt {prompt!r} "
+                                            f"answers on {answer.scale.name} (score_mode included), whose values "
+                                            "span several tokens: use samples instead")
+    return Estimate(samples=samples, reduce=reduce, quorum=quorum, logprob=logprob,
+                    constrain=kwargs.get("constrain", answer.constrain))
+
+
+def _upstream_fields(estimate: Estimate, answer: AnswerSpec) -> dict[str, Any]:
+    fields: dict[str, Any] = {"n": estimate.samples}
+    if estimate.constrain:
+        fields["structured_outputs"] = {"regex": answer_regex(answer)}
+    if estimate.logprob:
+        fields.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+    return fields

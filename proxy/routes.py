@@ -10,11 +10,24 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from proxy.backends import BackendRegistry
+from proxy.batch import check_batch_size
+from proxy.chat_scoring import completion, model_cards, parse_chat, score_chat, scoring_body
+from proxy.compare import Comparer
 from proxy.errors import InvalidRequest
 from proxy.health import Prober
 from proxy.observe import Metrics
 from proxy.passthrough import ChatPassthrough
-from proxy.schemas import BatchScoreRequest, BatchScoreResponse, ErrorBody, ScoreRequest, ScoreResponse
+from proxy.schemas import (
+    BatchCompareRequest,
+    BatchCompareResponse,
+    BatchScoreRequest,
+    BatchScoreResponse,
+    CompareRequest,
+    CompareResponse,
+    ErrorBody,
+    ScoreRequest,
+    ScoreResponse,
+)
 from proxy.scoring import Scorer
 from vlm_protocol.wire import BUDGET_HEADER
 
@@ -36,10 +49,13 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 _ALWAYS = (401, 500, 503)  # any route but /health: auth, a bug, shutting down
 _CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["model", "messages"],
-    "properties": {"model": {"type": "string", "description": "a backend's name, served model name or alias"},
+    "properties": {"model": {"type": "string", "description": "a backend's name, served model name or alias "
+                                                             "(relayed to vLLM), or score:<backend> (scored by "
+                                                             "the /score pipeline, docs/api.md)"},
                    "messages": {"type": "array", "items": {"type": "object"}},
                    "stream": {"type": "boolean"}},
-    "additionalProperties": True, "description": "an OpenAI chat completion request, relayed to vLLM as is"}}}}
+    "additionalProperties": True, "description": "an OpenAI chat completion request, relayed to vLLM as is, "
+                                                 "or scored when `model` is a scoring model"}}}}
 _RELAYED = {"description": "vLLM's own answer, relayed as is (OpenAI error shape)",
             "content": {"application/json": {"schema": {"type": "object"}}}}
 
@@ -81,20 +97,44 @@ async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> Scor
 
 @router.post("/score/batch", response_model=BatchScoreResponse, responses=_errors(*_ALWAYS, 413, 422))
 async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerDep) -> JSONResponse:
-    cap = request.app.state.settings.proxy.max_batch_items
-    if len(body.items) > cap:
-        raise InvalidRequest(f"{len(body.items)} items is over the batch cap of {cap} (proxy.max_batch_items)",
-                             field="items")
-    results = await scorer.score_batch(body.items, budget_s=budget_of(request))
+    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
+    return _batch_answer(request, await scorer.score_batch(body.items, budget_s=budget_of(request)))
+
+
+def _batch_answer(request: Request, results: list[dict]) -> JSONResponse:
     backends = {r["result"]["backend"] for r in results if r["ok"]}
     request.state.backend = backends.pop() if len(backends) == 1 else ("mixed" if backends else "none")
     ok = sum(r["ok"] for r in results)
     return JSONResponse({"results": results, "summary": {"ok": ok, "failed": len(results) - ok}})
 
 
+async def _comparer(request: Request) -> Comparer:
+    return request.app.state.comparer
+
+
+ComparerDep = Annotated[Comparer, Depends(_comparer)]
+
+
+@router.post("/compare", response_model=CompareResponse,
+             responses=_errors(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+async def compare(body: CompareRequest, request: Request, comparer: ComparerDep) -> CompareResponse:
+    """Two episodes of one task → RL-VLM-F's label: 0 the first is better, 1 the second, -1 no preference."""
+    result = await comparer.compare(body, budget_s=budget_of(request))
+    request.state.backend = result.backend
+    return result
+
+
+@router.post("/compare/batch", response_model=BatchCompareResponse, responses=_errors(*_ALWAYS, 413, 422))
+async def compare_batch(body: BatchCompareRequest, request: Request, comparer: ComparerDep) -> JSONResponse:
+    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
+    return _batch_answer(request, await comparer.compare_batch(body.items, budget_s=budget_of(request)))
+
+
 @router.get("/v1/models", responses=_errors(*_ALWAYS))
 async def models(passthrough: PassthroughDep) -> JSONResponse:
-    return JSONResponse(passthrough.models())
+    listed = passthrough.models()
+    listed["data"] += model_cards(passthrough.registry)  # score:<backend>, chat_scoring.py
+    return JSONResponse(listed)
 
 
 @router.post("/v1/chat/completions", openapi_extra={"requestBody": _CHAT_BODY},
@@ -102,8 +142,15 @@ async def models(passthrough: PassthroughDep) -> JSONResponse:
                         200: {"description": "the completion, or a text/event-stream when stream is true",
                               "content": {"application/json": {}, "text/event-stream": {}}},
                         400: _RELAYED})
-async def chat_completions(request: Request, passthrough: PassthroughDep) -> Response:
+async def chat_completions(request: Request, passthrough: PassthroughDep, scorer: ScorerDep) -> Response:
     body = await request.body()
+    scoring = scoring_body(body)
+    if scoring is not None:  # score:<backend>: the /score pipeline, answered as a chat.completion
+        chat = parse_chat(scoring, scorer.registry)
+        result = await score_chat(chat, scorer, budget_s=budget_of(request))
+        request.state.backend = result.backend
+        return JSONResponse(completion(chat, result, request.state.request_id),
+                            headers={"x-upstream-attempts": str(result.attempts)})
     relay = asyncio.ensure_future(passthrough.relay(body, budget_s=budget_of(request)))
     gone = asyncio.ensure_future(_client_gone(request))
     try:
@@ -155,7 +202,10 @@ async def health(request: Request) -> JSONResponse:
                                   "endpoints": endpoints}
     ready = [b["ready"] for b in backends.values()]
     status = "ok" if all(ready) else ("degraded" if any(ready) else "unavailable")
-    return JSONResponse({"status": status, "backends": backends}, status_code=200 if any(ready) else 503)
+    body: dict[str, Any] = {"status": status, "backends": backends}
+    if request.app.state.frame_store is not None:  # kept for the report; never decides readiness
+        body["frame_store"] = request.app.state.frame_store.status()
+    return JSONResponse(body, status_code=200 if any(ready) else 503)
 
 
 @router.get("/metrics", responses={**_errors(401, 500),

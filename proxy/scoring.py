@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from proxy.backends import Backend, BackendRegistry
+from proxy.batch import run_batch
 from proxy.config import BackendConfig, SamplingConfig, Settings
 from proxy.errors import MAX_REPLY_CHARS, ProxyError, ScoreParseError, TokenBudgetExceeded
+from proxy.estimate import Estimated, estimate
+from proxy.frame_store import FrameStore
 from proxy.layouts import build_chat_body, estimate_prompt_tokens, vision_token_count
 from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
 from proxy.observe import AuditLog, Metrics
-from proxy.parse import ParsedScore, parse_score
 from proxy.prompts import PromptStore, apply_seed_overrides
-from proxy.resolve import presentation_fps, resolve_request, sampling_for_ask
+from proxy.resolve import ResolvedRequest, presentation_fps, resolve_request, sampling_for_ask
 from proxy.retry import Attempt, call_with_retries
-from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse, validation_error
+from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
 from proxy.upstream import ChatReply, UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -41,12 +41,14 @@ class _Trace:
     backend: str
     task_text: str
     metadata: dict[str, Any] | None = None
+    asked: dict[str, Any] | None = None  # the request's own max_pixels and backend_kwargs (replay reuses them)
     prompt: PromptInfo | None = None
     frames: FramesInfo | None = None
     sampling: dict[str, Any] | None = None  # of the last ask sent
     asks: int = 0
     last_reply: ChatReply | None = None
     usage_all_calls: dict[str, int] = field(default_factory=dict)
+    frame_store: dict[str, Any] | None = None  # what the frame store did with this episode's JPEGs
 
     def saw(self, reply: ChatReply) -> None:
         self.last_reply = reply
@@ -57,10 +59,12 @@ class _Trace:
     def record(self) -> dict[str, Any]:
         reply = self.last_reply
         return {
-            "backend": self.backend, "task_text": self.task_text, "metadata": self.metadata,
+            "backend": self.backend, "task_text": self.task_text, "metadata": self.metadata, "asked": self.asked,
             "prompt": self.prompt.model_dump() if self.prompt else None,
             "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
-                                                       "vision_tokens", "sha256"}) if self.frames else None),
+                                                       "sampled_fps", "vision_tokens", "sha256", "still_sha256"})
+                       if self.frames else None),
+            "frame_store": self.frame_store,
             "sampling": self.sampling, "asks": self.asks,
             "output_text": reply.text[:MAX_REPLY_CHARS] if reply else None,
             "finish_reason": reply.finish_reason if reply else None,
@@ -71,13 +75,15 @@ class _Trace:
 
 class Scorer:
     def __init__(self, settings: Settings, registry: BackendRegistry, prompts: PromptStore,
-                 upstream: UpstreamClient, metrics: Metrics, audit: AuditLog) -> None:
+                 upstream: UpstreamClient, metrics: Metrics, audit: AuditLog,
+                 frame_store: FrameStore | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.prompts = prompts
         self.upstream = upstream
         self.metrics = metrics
         self.audit = audit
+        self.frame_store = frame_store
 
     async def score(self, request: ScoreRequest, *, admit: bool = True,
                     budget_s: float | None = None) -> ScoreResponse:
@@ -91,7 +97,8 @@ class Scorer:
             self.metrics.episodes.labels("none", err.code).inc()
             raise
         trace = _Trace(backend=backend.name, task_text=request.task_text,
-                       metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None)
+                       metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None,
+                       asked={"max_pixels": request.max_pixels, "backend_kwargs": request.backend_kwargs or None})
         self.metrics.in_flight.labels(backend.name).inc()
         try:
             if admit:
@@ -110,6 +117,7 @@ class Scorer:
         self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
         self.audit.write({**trace.record(), "model": response.model, "score": response.score,
                           "raw_score": response.raw_score, "parse": response.parse.model_dump(),
+                          **response.model_dump(include={"samples", "spread", "logprob"}, exclude_none=True),
                           "attempts": response.attempts, "timings_ms": response.timings_ms})
         return response
 
@@ -123,18 +131,10 @@ class Scorer:
         system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
-        frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
-        fps = presentation_fps(cfg, request, frames)
-        trace.frames = FramesInfo(
-            count=len(frames.jpegs), requested=resolved.requested_nframes, indices=frames.indices,
-            source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
-            fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
-            vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256)
-        self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)
-        self.metrics.stage.labels(stage="encode").observe(frames.encode_ms / 1e3)
+        frames, fps, trace.frames, trace.frame_store = await self.load_episode(request, cfg, resolved)
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
-        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps)
+        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)
         first_ask = json.dumps(body, separators=(",", ":")).encode()
         upstream_started = time.perf_counter()
 
@@ -148,21 +148,18 @@ class Scorer:
 
         def seen(reply: ChatReply) -> None:
             trace.saw(reply)
-            self.metrics.replies.labels(backend.name, reply.finish_reason or "unknown").inc()
-            for kind in ("prompt_tokens", "completion_tokens"):
-                if isinstance((reply.usage or {}).get(kind), int):
-                    self.metrics.tokens.labels(backend.name, kind).inc(reply.usage[kind])
+            self.count_reply(backend.name, reply)
 
-        def parse(reply: ChatReply) -> ParsedScore:
+        def parse(reply: ChatReply) -> Estimated:
             try:
-                return parse_score(reply.text, template.answer, resolved.score_mode,
-                                   finish_reason=reply.finish_reason)
+                return estimate(reply, resolved.answer, resolved.score_mode, resolved.estimate)
             except ScoreParseError:
                 self.metrics.parse_failures.labels(backend.name).inc()
                 raise
 
-        reply, parsed, calls = await call_with_retries(cfg.retry, send, parse, budget_s=budget_s,
-                                                       on_reply=seen)
+        reply, estimated, calls = await call_with_retries(cfg.retry, send, parse, budget_s=budget_s,
+                                                          on_reply=seen)
+        parsed = estimated.parsed
         finished = time.perf_counter()
         self.metrics.stage.labels(stage="upstream").observe(finished - upstream_started)
         return ScoreResponse(
@@ -172,6 +169,8 @@ class Scorer:
                             finish_reason=reply.finish_reason),
             attempts=calls, asks=trace.asks, prompt=trace.prompt, frames=trace.frames,
             sampling=trace.sampling or {}, usage=reply.usage, endpoint=reply.endpoint,
+            samples=estimated.samples, spread=estimated.spread, logprob=estimated.logprob,
+            constrained=resolved.estimate.constrain,
             timings_ms={"load": round(frames.load_ms, 3), "encode": round(frames.encode_ms, 3),
                         "upstream": round((finished - upstream_started) * 1e3, 3),
                         "total": round((finished - started) * 1e3, 3)},
@@ -179,23 +178,35 @@ class Scorer:
 
     async def score_batch(self, items: list[Any], *, budget_s: float | None = None) -> list[dict[str, Any]]:
         """Every item scored concurrently; each gets its own result or its own error, in order."""
+        return await run_batch(items, lambda item: self.score(ScoreRequest.model_validate(item), admit=False,
+                                                              budget_s=budget_s), "batch item")
 
-        async def one(index: int, item: Any) -> dict[str, Any]:
-            try:
-                request = ScoreRequest.model_validate(item)
-                result = await self.score(request, admit=False, budget_s=budget_s)
-            except ValidationError as err:
-                failure: ProxyError = validation_error(err.errors())
-            except ProxyError as err:
-                failure = err
-            except Exception as err:  # noqa: BLE001 - one broken item must not sink the batch
-                log.exception("batch item %d failed unexpectedly", index)
-                failure = ProxyError(f"internal error: {type(err).__name__}")
-            else:
-                return {"index": index, "ok": True, "status": 200, "result": result.model_dump(mode="json")}
-            return {"index": index, "ok": False, "status": failure.status_code, "error": failure.to_dict()}
+    async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, resolved: ResolvedRequest
+                           ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
+        """One episode's frames as sent, the presentation rate, their provenance and what the frame
+        store did with them (shared with /compare)."""
+        frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
+        fps = presentation_fps(cfg, request, frames)
+        info = FramesInfo(
+            count=len(frames.jpegs), requested=resolved.requested_nframes, indices=frames.indices,
+            source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
+            fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
+            vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256,
+            still_sha256=frames.still_sha256)
+        stored = None
+        if self.frame_store is not None:
+            stored = (await self.frame_store.put([*frames.jpegs, *frames.stills],
+                                                 [*info.sha256, *info.still_sha256])).record()
+        self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)
+        self.metrics.stage.labels(stage="encode").observe(frames.encode_ms / 1e3)
+        return frames, fps, info, stored
 
-        return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
+    def count_reply(self, backend: str, reply: ChatReply) -> None:
+        """Every reply that came back, parsed or not: by finish_reason, and its tokens."""
+        self.metrics.replies.labels(backend, reply.finish_reason or "unknown").inc()
+        for kind in ("prompt_tokens", "completion_tokens"):
+            if isinstance((reply.usage or {}).get(kind), int):
+                self.metrics.tokens.labels(backend, kind).inc(reply.usage[kind])
 
     def _load_frames(self, request: ScoreRequest, limits: FrameLimits) -> EncodedFrames:
         video_path: Path | None = None

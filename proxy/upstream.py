@@ -26,12 +26,29 @@ _MM_KWARGS_PARAMS = ("media_io_kwargs", "mm_processor_kwargs")
 
 
 @dataclass(frozen=True)
-class ChatReply:
+class Choice:
     text: str
     finish_reason: str | None
+    # vLLM's `logprobs.content`: [{token, logprob, top_logprobs: [{token, logprob}]}], when asked
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One chat completion: every choice (n samples), the first one's text and finish reason."""
+
+    choices: tuple[Choice, ...]
     model: str | None
     usage: dict[str, Any] | None
     endpoint: str
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason
 
 
 def _error_info(response: httpx.Response) -> tuple[str, str | None]:
@@ -136,17 +153,30 @@ class UpstreamClient:
         return response
 
 
+def _read_choice(choice: dict) -> Choice:
+    text, finish_reason = choice["message"]["content"], choice.get("finish_reason")
+    if not all(v is None or isinstance(v, str) for v in (text, finish_reason)):
+        raise TypeError("content and finish_reason must be strings")
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    if logprobs is not None and not (isinstance(logprobs, list) and all(
+            isinstance(e, dict) and isinstance(e.get("token"), str)
+            and isinstance(e.get("top_logprobs") or [], list) for e in logprobs)):
+        raise TypeError("logprobs.content must be a list of {token, logprob, top_logprobs}")
+    return Choice(text or "", finish_reason, logprobs)
+
+
 def _read_completion(response: httpx.Response, endpoint: str) -> ChatReply:
     try:
         payload = json.loads(response.content)
-        choice = payload["choices"][0]
-        text = choice["message"]["content"]
-        fields = (text, choice.get("finish_reason"), payload.get("model"))
-        if not all(v is None or isinstance(v, str) for v in fields):
-            raise TypeError("content, finish_reason and model must be strings")
+        # in index order: vLLM lists n choices by index, but the index is what names a sample
+        choices = tuple(_read_choice(c) for c in sorted(payload["choices"], key=lambda c: c.get("index", 0)))
+        if not choices:
+            raise IndexError("no choices")
+        if not (payload.get("model") is None or isinstance(payload.get("model"), str)):
+            raise TypeError("model must be a string")
         usage = payload.get("usage")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
         raise UpstreamProtocolError(f"{endpoint} answered 200 with a body that is not a chat "
                                     f"completion ({type(err).__name__}: {err})", endpoint=endpoint) from err
-    return ChatReply(text=text or "", finish_reason=choice.get("finish_reason"), model=payload.get("model"),
+    return ChatReply(choices=choices, model=payload.get("model"),
                      usage=usage if isinstance(usage, dict) else None, endpoint=endpoint)

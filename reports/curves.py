@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.plotting import MissingDependencyError, alert, figure_png, html_page, image_tag, pyplot, table
+from reports.plotting import MissingDependencyError, alert, image_tag, pyplot, save_figure, table, write_page
 
 __all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "fallback_warnings", "load_run", "plot_runs", "smooth"]
 
@@ -190,15 +190,12 @@ def plot_runs(runs: list[Run], metrics: Sequence[tuple[str, str]], out_dir: str 
         figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
     figure.tight_layout()
     description = f"runs: {names}" + ("; FALLBACK REWARDS: " + "; ".join(warnings) if warnings else "")
-    png = figure_png(figure, title=title, description=description)
     png_path = out_dir / "curves.png"
-    png_path.write_bytes(png)
-    html_path = out_dir / "curves.html"
-    html_path.write_text(_html_page(title, runs, summary, png), encoding="utf-8")
-    return png_path, html_path
+    png = save_figure(figure, png_path, title=title, description=description)
+    return png_path, write_page(out_dir / "curves.html", title, _html_body(title, runs, summary, png))
 
 
-def _html_page(title: str, runs: list[Run], summary: list[dict[str, Any]], png: bytes) -> str:
+def _html_body(title: str, runs: list[Run], summary: list[dict[str, Any]], png: bytes) -> str:
     banner = alert("Fallback rewards:", fallback_warnings(runs),
                    "These episodes were not rewarded by the VLM; compare runs only where the rate is 0, "
                    "or with that in mind.")
@@ -209,7 +206,7 @@ def _html_page(title: str, runs: list[Run], summary: list[dict[str, Any]], png: 
             + "<h2>Summary</h2>" + table(keys, summary)
             + "<p>env/success_once is the simulator's ground truth, the fair curve to compare runs on. "
               "Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories.</p>")
-    return html_page(title, body)
+    return body
 
 
 # -- command line ----------------------------------------------------------------------------------

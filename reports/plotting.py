@@ -7,10 +7,13 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["MissingDependencyError", "alert", "figure_png", "html_page", "image_tag", "pyplot", "table"]
+__all__ = ["MissingDependencyError", "alert", "figure_png", "fmt", "html_page", "image_tag", "pyplot", "save_figure",
+           "table", "write_page"]
 
 
 class MissingDependencyError(ImportError):
@@ -41,8 +44,28 @@ def figure_png(figure: Any, *, title: str, description: str, dpi: int = 110) -> 
         plt.close(figure)
 
 
+def save_figure(figure: Any, path: Path, *, title: str, description: str) -> bytes:
+    """Write the figure to `path` as a PNG (see figure_png) and return the bytes, for inlining."""
+    png = figure_png(figure, title=title, description=description)
+    path.write_bytes(png)
+    return png
+
+
 def image_tag(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def fmt(value: Any, kind: str = "g") -> str:
+    """A number as a person reads it: "—" for none; kind "%" (a rate), "3" (3 decimals), "int", or "g"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if kind == "%":
+        return f"{value:.1%}"
+    if kind == "int":
+        return f"{value:,.0f}"
+    if kind.isdigit():
+        return f"{value:.{kind}f}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def cell(value: Any) -> str:
@@ -67,12 +90,20 @@ def alert(title: str, lines: Sequence[str], footer: str = "") -> str:
 
 
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+table{border-collapse:collapse;margin:1em 0;font-size:.92em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 caption{text-align:left;font-weight:bold;margin-bottom:.3em}img{max-width:100%}
 .alert{background:#fdd;border:3px solid #c00;color:#900;padding:1em;font-size:1.2em;margin-bottom:1em}
-.number{font-size:1.4em;font-weight:bold}"""
+.number{font-size:1.4em;font-weight:bold}
+h2{border-bottom:2px solid #ddd;margin-top:1.6em}td.num{text-align:right}
+.note{color:#555}figure{margin:1em 0}figcaption{font-size:.95em;margin-bottom:.3em}"""
 
 
 def html_page(title: str, body: str) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def write_page(path: Path, title: str, body: str) -> Path:
+    """A self-contained page (see html_page) written as UTF-8."""
+    path.write_text(html_page(title, body), encoding="utf-8")
+    return path

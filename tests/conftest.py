@@ -13,15 +13,7 @@ import pytest
 from proxy.config import Settings, settings_from_dict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
-
-REPO = Path(__file__).resolve().parent.parent
-PROMPTS_DIR = REPO / "prompts"
-QWEN_MODEL = "Qwen2.5-VL-7B-Instruct"
-PRIMO_MODEL = "PRIMO-R1-7B"
-# Replies in the answer format each backend's template declares (0.75 and 0.6).
-QWEN_REPLY = "<score>75</score>"
-PRIMO_REPLY = ("<think><planning>1. grasp 2. place</planning><observation>bowl moved 3 cm</observation>"
-               "<reasoning>step 1 of 2 done</reasoning></think><answer>60</answer>")
+from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, PROMPTS_DIR, QWEN_MODEL, QWEN_REPLY, REPO  # noqa: F401 - re-exported: tiers import these from here
 
 _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY")

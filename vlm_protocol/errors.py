@@ -45,6 +45,7 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("upstream_refuses_mm_kwargs", 502, False, "vLLM lacks --trust-request-mm-kwargs"),
     ErrorCode("upstream_bad_response", 502, False, "vLLM answered something that is not a completion"),
     ErrorCode("unparseable_score", 502, False, "the model's replies held no declared answer"),
+    ErrorCode("unparseable_label", 502, False, "the model's replies held no preference label (-1, 0 or 1)"),
 )}
 
 

@@ -2,7 +2,8 @@
 
     serve, check-config     proxy/cli.py       (the HTTP service)
     up, down                launchers/cli.py   (vllm serve processes + the proxy)
-    curves                  reports/cli.py     (RLinf training curves)
+    curves, report          reports/cli.py     (RLinf training curves, reward quality)
+    replay                  replay.py          (re-score an audit log through the proxy's pipeline)
 
 This package sits on top: it imports the others, none imports it. Registering a command imports
 only argparse-level code; a command's heavy dependencies load when it runs, and a missing one is
@@ -20,6 +21,7 @@ from proxy import cli as proxy_cli
 from proxy.errors import ConfigError
 from reports import cli as reports_cli
 from reports.plotting import MissingDependencyError
+from vlm_reward_cli import replay
 
 __all__ = ["build_parser", "main"]
 
@@ -35,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for package in (proxy_cli, launchers_cli, reports_cli):
         package.add_subcommands(commands)
+    replay.add_subcommand(commands)
     return parser
 
 

@@ -30,6 +30,7 @@ import binascii
 import collections
 import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,9 @@ class FakeConfig:
     api_key: str | None = None
     # A /v1/models answer to send instead of the model list (e.g. {"data": None}: an odd server).
     models_body: Any = None
+    # With `logprobs: true` in a request: the top_logprobs at the reply's first digit or yes/no
+    # token (e.g. {"7": -0.2, "8": -1.9, " the": -3.0}); every other token is certain.
+    answer_top_logprobs: dict[str, float] | None = None
 
 
 @dataclass
@@ -84,6 +88,7 @@ class FakeVLLM:
         self.state = FakeState(config=config or FakeConfig())
         self._seq_slots: asyncio.Semaphore | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task] = set()
         self._chat_readers: set[asyncio.StreamReader] = set()
 
     # -- control (thread-safe enough for tests: deque/list appends are atomic) --------------
@@ -107,6 +112,14 @@ class FakeVLLM:
         return sum(1 for reader in self._chat_readers if not reader.at_eof())
 
     # -- HTTP plumbing -------------------------------------------------------------------------
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Called as the connection is made: the writer is known before its handler first runs, so
+        stopping the fake closes it even when the handler is cancelled before it starts."""
+        self._writers.add(writer)
+        handler = asyncio.get_running_loop().create_task(self.handle_connection(reader, writer))
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
+
     async def handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._writers.add(writer)
         try:
@@ -214,11 +227,13 @@ class FakeVLLM:
             await _send_json(writer, status, _error(action.get("message", f"fake {status}"),
                                                     "ServiceUnavailableError", status), extra)
             return True
-        text = action.get("reply")
+        text = action.get("replies", action.get("reply"))
         if text is None:
             text = state.reply_fn(body) if state.reply_fn else cfg.default_text
         await self._model_latency()
-        completion = _completion(body, cfg, text, action.get("finish_reason", "stop"))
+        # `n` samples: a list (from the script or reply_fn) gives one text each, a string repeats
+        texts = text if isinstance(text, list) else [text] * int(body.get("n") or 1)
+        completion = _completion(body, cfg, texts, action.get("finish_reason", "stop"))
         if body.get("stream"):
             await _send_sse(writer, completion, action.get("word_delay_s", 0.0))
             return False
@@ -240,7 +255,7 @@ class FakeVLLM:
                 state.running -= 1
 
     async def serve(self, host: str, port: int, ready: Callable[[int], None] | None = None):
-        server = await asyncio.start_server(self.handle_connection, host, port, limit=2**26)
+        server = await asyncio.start_server(self._accept, host, port, limit=2**26)
         bound_port = server.sockets[0].getsockname()[1]
         if ready:
             ready(bound_port)
@@ -291,16 +306,40 @@ def decode_video_part(url: str, num_frames: int = 32) -> list[bytes]:
     return [base64.b64decode(p, validate=True) for p in pieces]
 
 
-def _completion(body: dict, cfg: FakeConfig, text: str, finish_reason: str) -> dict:
+_FAKE_TOKENS = re.compile(r"<[^>]*>|\d|\s+|[A-Za-z]+|.", re.S)  # tags, single digits (as Qwen), words
+
+
+def _logprobs(text: str, cfg: FakeConfig) -> dict:
+    """vLLM's `logprobs.content` for `text`: certain tokens, but the first digit or yes/no token
+    carries cfg.answer_top_logprobs."""
+    content, answered = [], False
+    # a character beyond ASCII comes back as one byte token per UTF-8 byte, each shown as U+FFFD
+    # (as vLLM shows a byte-level token that is not a whole character): the strings no longer add
+    # up to the text
+    tokens = [piece for token in _FAKE_TOKENS.findall(text)
+              for piece in (["\ufffd"] * len(token.encode()) if len(token) == 1 and ord(token) > 127 else [token])]
+    for token in tokens:
+        top = [{"token": token, "logprob": 0.0}]
+        if not answered and cfg.answer_top_logprobs and (token.isdigit() or token.lower() in ("yes", "no")):
+            answered = True
+            top = [{"token": t, "logprob": lp} for t, lp in cfg.answer_top_logprobs.items()]
+        content.append({"token": token, "logprob": top[0]["logprob"], "top_logprobs": top})
+    return {"content": content}
+
+
+def _completion(body: dict, cfg: FakeConfig, texts: str | list[str], finish_reason: str) -> dict:
+    texts = [texts] if isinstance(texts, str) else texts
+    tokens = sum(max(1, len(t) // 4) for t in texts)
     return {
         "id": f"chatcmpl-fake-{time.monotonic_ns()}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": cfg.served_model_name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": finish_reason, "logprobs": None}],
-        "usage": {"prompt_tokens": 100, "completion_tokens": max(1, len(text) // 4),
-                  "total_tokens": 100 + max(1, len(text) // 4)},
+        "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                     "finish_reason": finish_reason,
+                     "logprobs": _logprobs(text, cfg) if body.get("logprobs") else None}
+                    for i, text in enumerate(texts)],
+        "usage": {"prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens},
     }
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from proxy.config import settings_from_dict
 from tests.conftest import QWEN_MODEL
+from tests.fakes.processes import FakeProcess, ProxyProcess, RawServer, kill_quietly
 from tests.fakes.proxy_server import ProxyServerThread
-from tests.faults.procs import FakeProcess, ProxyProcess, RawServer, kill_quietly
 
 pytest.register_assert_rewrite("tests.faults.common")  # asserts in the shared helpers get pytest's messages
 

@@ -16,8 +16,9 @@ import time
 
 import httpx
 
+from tests.fakes.processes import metric_sum, metrics, wait_circuits_closed
 from tests.faults.common import BACKEND, EPISODE, STATUS_OF, UPSTREAM_CODES, one_backend, outcome
-from tests.faults.procs import free_port, metric_sum, metrics, wait_circuits_closed
+from tests.helpers import free_port
 
 
 async def test_fake_killed_mid_request_and_restarted_on_the_same_port(fake_proc, proxy_thread, media_root):
@@ -50,9 +51,8 @@ def test_dead_fake_is_a_fast_503_and_its_restart_is_picked_up(fake_proc, proxy_t
     with httpx.Client(base_url=proxy.url, timeout=30, trust_env=False) as http:
         assert http.post("/score", json=EPISODE).status_code == 200  # a keep-alive connection is pooled
         fake.kill()
-        started = time.monotonic()
         response = http.post("/score", json=EPISODE)
-        assert time.monotonic() - started < 5
+        # fast: every try was refused at once (none waited for its timeout: no upstream_timeout)
         assert outcome(response) == "upstream_unavailable" and response.json()["error"]["attempts"] == 4
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "unavailable"
@@ -65,6 +65,7 @@ def test_dead_fake_is_a_fast_503_and_its_restart_is_picked_up(fake_proc, proxy_t
     assert metric_sum(values, "vlm_proxy_episodes_total", outcome="upstream_unavailable") == 1
     assert metric_sum(values, "vlm_proxy_episodes_total", outcome="ok") == 2
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="upstream_unavailable") == 4
+    assert metric_sum(values, "vlm_proxy_upstream_calls_total", result="upstream_timeout") == 0
 
 
 def test_connection_refused_503_carries_retry_after(proxy_thread, media_root):
@@ -76,7 +77,8 @@ def test_connection_refused_503_carries_retry_after(proxy_thread, media_root):
 
 
 def test_frozen_fake_times_out_then_recovers_when_resumed(fake_proc, proxy_thread, media_root):
-    """SIGSTOP: the kernel still accepts connections, nothing ever answers (a wedged server)."""
+    """SIGSTOP: the kernel still accepts connections, nothing answers until SIGCONT (a wedged
+    server), so only the proxy's timeouts can end /score and /health while it is stopped."""
     fake = fake_proc()
     # no background probe after start-up, or it could open the circuit between the two tries
     proxy = proxy_thread(one_backend([fake.base_url], media_root, health_timeout_s=0.5, health_interval_s=30,
@@ -84,13 +86,11 @@ def test_frozen_fake_times_out_then_recovers_when_resumed(fake_proc, proxy_threa
     with httpx.Client(base_url=proxy.url, timeout=30, trust_env=False) as http:
         fake.signal(signal.SIGSTOP)
         try:
-            started = time.monotonic()
             response = http.post("/score", json=EPISODE)
-            assert time.monotonic() - started < 3
+            # each try ended by retry.timeout_s (two of them), not by the 5 s deadline (one)
             assert outcome(response) == "upstream_timeout" and response.json()["error"]["attempts"] == 2
-            started = time.monotonic()
+            # answered although vLLM is still frozen (from the probes and the requests' outcomes)
             health = http.get("/health")
-            assert time.monotonic() - started < 3
             assert health.status_code == 503 and "upstream_timeout" in json.dumps(health.json())
         finally:
             fake.signal(signal.SIGCONT)
@@ -219,21 +219,19 @@ async def test_kill_during_a_score_batch(fake_proc, proxy_thread, media_root, tm
 
 
 async def test_sigterm_gives_in_flight_requests_the_grace_then_an_explicit_503(fake_proc, proxy_proc, media_root):
-    """A 60 s upstream reply must not hold the proxy after SIGTERM: the request in flight gets
-    proxy.shutdown_grace_s, then an explicit 503 shutting_down, and the process exits."""
+    """An upstream reply that never comes must not hold the proxy after SIGTERM: the request in
+    flight gets proxy.shutdown_grace_s, then an explicit 503 shutting_down, and the process exits."""
     fake = fake_proc()
-    fake.script({"hang_s": 60})
+    fake.script({"hang_s": 3600})  # vLLM answers nothing while the test runs
     proxy = proxy_proc(one_backend([fake.base_url], media_root, shutdown_grace_s=1,
-                                   retry={"attempts": 1, "timeout_s": 120, "deadline_s": 120}))
-    async with httpx.AsyncClient(base_url=proxy.url, timeout=90, trust_env=False) as http:
+                                   retry={"attempts": 1, "timeout_s": 3600, "deadline_s": 3600}))
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=90, trust_env=False) as http:  # the hang guard
         pending = asyncio.ensure_future(http.post("/score", json=EPISODE))
         await asyncio.to_thread(fake.wait_chats, 1)
-        started = time.monotonic()
         proxy.proc.send_signal(signal.SIGTERM)
-        response = await pending
+        response = await pending  # nothing but the grace running out can answer it
     exit_code = await asyncio.to_thread(proxy.proc.wait, 30)
     assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
     assert response.json()["error"]["retryable"] is True and "retry-after" in response.headers
     # uvicorn re-raises the signal once it has shut down cleanly: the exit says what stopped it
     assert exit_code in (0, -signal.SIGTERM)
-    assert time.monotonic() - started < 30  # not the 60 s the upstream call would take

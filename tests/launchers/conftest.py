@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,25 +18,12 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import wait_until  # noqa: F401 - the tier's tests import it from here
+from tests.helpers import PRIMO_MODEL, PROMPTS_DIR, QWEN_MODEL, REPO, free_ports, wait_until  # noqa: F401 - the tier's tests import these from here
 
-REPO = Path(__file__).resolve().parents[2]
-PROMPTS_DIR = REPO / "prompts"
-QWEN_MODEL = "Qwen2.5-VL-7B-Instruct"
-PRIMO_MODEL = "PRIMO-R1-7B"
 FAKE_BIN = REPO / "tests" / "fakes" / "bin"
 LAUNCHERS = REPO / "launchers"
 QWEN_PATH = "/models/Qwen2.5-VL-7B-Instruct"
 PRIMO_PATH = "/models/PRIMO-R1-7B"
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all bound at once, so none is handed out twice)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 def alive(pid: int) -> bool:

@@ -1,0 +1,29 @@
+"""The real-RLinf tier prints what it measured (times, versions, the reward table) at the end."""
+
+from __future__ import annotations
+
+import json
+
+from tests.real_rlinf._support import SUMMARY
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not SUMMARY:
+        return
+    write = terminalreporter.write_line
+    timings = SUMMARY.get("timings", {})
+    write("real_rlinf: " + json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
+                                       for k, v in timings.items() if not isinstance(v, dict)}))
+    for key in ("resets_s", "step_mean_s", "real_vllm"):
+        if timings.get(key):
+            write(f"real_rlinf {key}: " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
+                                                      for k, v in timings[key].items()}))
+    if timings.get("runner"):
+        write("real_rlinf runner process: " + json.dumps({k: round(v, 1) for k, v in timings["runner"].items()
+                                                         if isinstance(v, float)}))
+    if SUMMARY.get("versions"):
+        write("real_rlinf versions: " + json.dumps(SUMMARY["versions"]))
+    if SUMMARY.get("real_vllm_outcome"):
+        write(f"real_rlinf real vLLM per env: {SUMMARY['real_vllm_outcome']}")
+    for row in SUMMARY.get("reward_table", []):
+        write("real_rlinf reward: " + json.dumps(row))

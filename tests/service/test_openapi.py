@@ -1,0 +1,125 @@
+"""The API document tells the truth: schemathesis fuzzes every operation of the running proxy from
+its own /openapi.json (the document the app serves) and checks every answer against it — no 5xx,
+every status and content type documented, schema-valid requests accepted, invalid ones refused.
+
+What a valid value of the media fields is, the document says with custom formats; the strategies
+below generate such values (images of one size, .npy arrays, paths of real videos under the
+allowed root), so the fuzzer exercises the pipeline rather than only the validators."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.config import settings_from_dict
+from proxy.schemas import IMAGE_FORMAT, MEDIA_PATH_FORMAT, NPY_FORMAT
+from tests.conftest import PRIMO_MODEL, QWEN_MODEL, libero_settings_dict
+from tests.fakes.episodes import write_mp4
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
+from tests.fakes.proxy_server import ProxyServerThread
+
+MEDIA = tempfile.TemporaryDirectory(prefix="openapi-media-")
+VIDEOS = [str(write_mp4(Path(MEDIA.name) / f"episode{i}.mp4", np.full((6, 32, 32, 3), 40 * i, np.uint8)))
+          for i in range(3)]
+
+
+def _png(level: int) -> str:
+    ok, buffer = cv2.imencode(".png", np.full((32, 32, 3), level, np.uint8))
+    assert ok
+    return base64.b64encode(buffer.tobytes()).decode("ascii")
+
+
+def _npy(count: int) -> str:
+    buffer = io.BytesIO()
+    np.save(buffer, np.full((count, 32, 32, 3), 99, np.uint8), allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+schemathesis.openapi.format(IMAGE_FORMAT, st.integers(0, 255).map(_png))
+schemathesis.openapi.format(NPY_FORMAT, st.integers(1, 6).map(_npy))
+schemathesis.openapi.format(MEDIA_PATH_FORMAT, st.sampled_from(VIDEOS))
+
+
+@pytest.fixture(scope="module")
+def running_proxy():
+    # "1" is an answer on every scale a request may pick with score_mode (0-100, 0-1, binary)
+    fakes = [FakeVLLMThread(FakeConfig(served_model_name=QWEN_MODEL, default_text="<score>1</score>",
+                                       record=False)).start(),
+             FakeVLLMThread(FakeConfig(served_model_name=PRIMO_MODEL, default_text="<answer>1</answer>",
+                                       record=False)).start()]
+    for fake in fakes:  # a /compare query (it asks to "Reply -1 if …") gets a label, as on every template
+        fake.fake.state.reply_fn = lambda body, default=fake.config.default_text: (
+            "1" if "Reply -1" in json.dumps(body["messages"]) else default)
+    data = libero_settings_dict([fakes[0].base_url], [fakes[1].base_url], Path(MEDIA.name), health_interval_s=30)
+    for backend in data["backends"].values():
+        backend["max_model_len"] = None  # content-dependent budgets are documented 422s, not schema rules
+    proxy = ProxyServerThread(settings_from_dict(data)).start()
+    yield proxy
+    proxy.stop()
+    for fake in fakes:
+        fake.stop()
+    MEDIA.cleanup()
+
+
+@pytest.fixture(scope="module")
+def api_document(running_proxy):
+    return schemathesis.openapi.from_url(f"{running_proxy.url}/openapi.json")
+
+
+OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /score", "POST /score/batch",
+              "POST /compare", "POST /compare/batch",
+              "POST /v1/chat/completions"]
+
+
+def test_the_document_lists_every_route(api_document):
+    assert sorted(op.ok().label for op in api_document.get_all_operations()) == sorted(OPERATIONS)
+
+
+@pytest.mark.parametrize("label", OPERATIONS)
+def test_every_answer_is_what_the_document_says(api_document, label):
+    operation = next(op.ok() for op in api_document.get_all_operations() if op.ok().label == label)
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def fuzz(case):
+        case.call_and_validate()
+
+    fuzz()
+
+
+def test_the_document_states_how_the_estimate_keys_combine(running_proxy, api_document):
+    """A grid of backend_kwargs: whatever the document calls valid the proxy accepts (the document
+    may be stricter: it asks for the temperature in the request, whatever the backend's default)."""
+    import itertools
+
+    import httpx
+    import jsonschema_rs  # schemathesis' own validator
+
+    document = httpx.get(f"{running_proxy.url}/openapi.json", timeout=10, trust_env=False).json()
+    validator = jsonschema_rs.Draft202012Validator({"$ref": "#/components/schemas/ScoreRequest",
+                                                    "components": document["components"]}, validate_formats=False)
+    grid = itertools.product([None, 1, 3], [None, 2, 4], [None, 0.7], [None, True], [None, "binary"],
+                             ["qwen2_5_vl_vllm", "PRIMO-R1"])
+    accepted_by_both = 0
+    with httpx.Client(base_url=running_proxy.url, timeout=30, trust_env=False) as http:
+        for samples, quorum, temperature, logprob, mode, backend in grid:
+            kwargs = {k: v for k, v in (("samples", samples), ("quorum", quorum), ("temperature", temperature),
+                                        ("logprob_score", logprob), ("score_mode", mode)) if v is not None}
+            body = {"task_text": "t", "backend": backend, "frames_npy": _npy(4), "backend_kwargs": kwargs}
+            documented = validator.is_valid(body)
+            status = http.post("/score", json=body).status_code
+            assert status in (200, 422), (kwargs, status)
+            if documented:
+                assert status == 200, f"the document allows {kwargs} on {backend}, the proxy refused it"
+                accepted_by_both += 1
+    assert accepted_by_both >= 20  # the grid exercises valid combinations, not only refusals
