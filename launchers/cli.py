@@ -175,10 +175,11 @@ def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid
             say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
             proxy = stack.start("proxy", argv, {}, _proxy_url(settings), None)
             stack.wait_ready([proxy], min(args.timeout, 120.0))
-        stack.write_pid_file("running")
+        # said before the pid file says "running": whoever waits on the file finds the line written
         say(f"stack is up: {', '.join(c.name for c in replicas)}"
             + ("" if args.no_proxy else f"; proxy at {_proxy_url(settings)}")
             + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
+        stack.write_pid_file("running")
         stack.monitor()
     except StopRequested:
         say("stop requested")

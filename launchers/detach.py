@@ -38,6 +38,7 @@ def run_detached(argv: list[str], *, run_dir: Path, pid_file: Path, poll_interva
                 return code if code > 0 else 1
             data = read_pid_file(pid_file) or {}
             if data.get("up_pid") == pid and data.get("state") == "running":
+                _echo_new(up_log, offset)  # the lines `up` wrote before the file said running
                 say(f"stack is up; stop it with: vlm-reward-proxy down --pid-file {pid_file}")
                 return 0
             time.sleep(poll_interval_s)
