@@ -27,10 +27,14 @@ def frame_level(rgb: np.ndarray) -> float:
 
 
 def write_mp4(path: Path, frames: np.ndarray, fps: float = 20.0) -> Path:
+    return _write_video(path, frames, fps, "mp4v")
+
+
+def _write_video(path: Path, frames: np.ndarray, fps: float, fourcc: str) -> Path:
     height, width = frames.shape[1:3]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (width, height))
     if not writer.isOpened():
-        raise RuntimeError("OpenCV cannot write mp4v here")
+        raise RuntimeError(f"OpenCV cannot write {fourcc} here")
     for frame in frames:
         writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
     writer.release()
@@ -59,11 +63,4 @@ def decode_jpeg_b64(data: str) -> np.ndarray:
 
 def write_lossless_video(path: Path, frames: np.ndarray, fps: float = 20.0) -> Path:
     """FFV1 in AVI: decodes to exactly `frames` (for tests that compare bytes across transports)."""
-    height, width = frames.shape[1:3]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), fps, (width, height))
-    if not writer.isOpened():
-        raise RuntimeError("OpenCV cannot write FFV1 here")
-    for frame in frames:
-        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-    writer.release()
-    return path
+    return _write_video(path, frames, fps, "FFV1")
