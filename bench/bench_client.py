@@ -41,6 +41,8 @@ from tests.fakes.proxy_server import ProxyServerThread  # noqa: E402
 from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, QWEN_MODEL, QWEN_REPLY  # noqa: E402
 
 MODES = {  # name -> reward_model overrides (the burst uses /score/batch only where batch: auto)
+    "binary (16 picked, raw npy part; the default)": {"transport": "binary", "client_sampling": True},
+    "binary, burst as /score/batch": {"transport": "binary", "client_sampling": True, "batch": "auto"},
     "inline (16 picked, npy)": {"transport": "inline", "client_sampling": True},
     "inline, burst as /score/batch": {"transport": "inline", "client_sampling": True, "batch": "auto"},
     "inline (all held, npy)": {"transport": "inline", "client_sampling": False},
@@ -104,7 +106,7 @@ def bench_mode(name: str, overrides: dict, proxy_url: str, media: Path, buffer: 
     for _ in range(repeats):
         started = time.perf_counter()
         body = build_request_body(episode, cfg)
-        wire = body.to_bytes()
+        _, wire = body.encoded()  # what goes on the wire, whatever the transport
         build_ms.append((time.perf_counter() - started) * 1e3)
         body_bytes = (Path(body.temp_video).stat().st_size if body.temp_video else 0) + len(wire)
         body.discard(keep=False)

@@ -22,11 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.media import FrameLimits, prepare_frames  # noqa: E402
+from bench._common import LIMITS  # noqa: E402
+from proxy.media import prepare_frames  # noqa: E402
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4  # noqa: E402
-
-LIMITS = FrameLimits(nframes=16, max_pixels=200_704, min_pixels=3_136, jpeg_quality=90,
-                     default_source_fps=4.0, max_inline_frames=4096, max_source_pixels=4096 * 4096)
 
 
 def _measure(fn, runs: int) -> dict:

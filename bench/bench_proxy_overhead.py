@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import (  # noqa: E402
     HOST,
+    LIMITS,  # noqa: E402
     closed_loop,
     env_info,
     proxy_config,
@@ -42,13 +43,11 @@ from bench._common import (  # noqa: E402
 )
 from proxy.config import BackendConfig, SamplingConfig  # noqa: E402
 from proxy.layouts import build_chat_body  # noqa: E402
-from proxy.media import FrameLimits, prepare_frames  # noqa: E402
+from proxy.media import prepare_frames  # noqa: E402
 from tests.fakes.episodes import episode_frames, npy_b64  # noqa: E402
 
 MODEL = "Qwen2.5-VL-7B-Instruct"
 DEFAULT_LITELLM = Path.home() / ".cache/vlm-reward-proxy/litellm-venv/bin/litellm"
-LIMITS = FrameLimits(nframes=16, max_pixels=200_704, min_pixels=3_136, jpeg_quality=90,
-                     default_source_fps=4.0, max_inline_frames=4096, max_source_pixels=4096 * 4096)
 
 
 def chat_body(noise: float = 7.5) -> bytes:
@@ -59,7 +58,7 @@ def chat_body(noise: float = 7.5) -> bytes:
     encoded = prepare_frames(LIMITS, frames_npy=npy_b64(frames), fps=4.0)
     cfg = BackendConfig(model=MODEL, endpoints=["http://127.0.0.1:1/v1"], layout="qwen_video",
                         prompt="qwen_progress")
-    body = build_chat_body(cfg, SamplingConfig(), None, "Rate the task progress from 0 to 100.", encoded)
+    body = build_chat_body(cfg, SamplingConfig(), None, "Rate the task progress from 0 to 100.", encoded, 4.0)
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from proxy.backends import BackendRegistry
+from proxy.binary_body import BinaryBody
 from proxy.compare import Comparer
 from proxy.config import Settings
 from proxy.edge import Edge
@@ -99,6 +100,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     install_handlers(app)
     install_openapi(app, settings, prompts)
+    # Added before the Edge, so inside it: the cap, auth and request id come first.
+    app.add_middleware(BinaryBody, max_parts=2 * settings.proxy.max_inline_frames * settings.proxy.max_batch_items + 1)
     app.add_middleware(Edge, max_bytes=int(settings.proxy.max_body_mb * 2**20), metrics=metrics, gate=gate,
                        routes=frozenset(p for r in (*app.routes, *router.routes) if (p := getattr(r, "path", None))),
                        api_key=api_key)

@@ -28,10 +28,12 @@ class Backend:
     def labels(self) -> list[str]:
         return [self.name, self.config.model, *self.config.aliases]
 
-    async def call(self, attempt: Attempt, metrics: Metrics, fn: Callable[[Endpoint], Awaitable[T]]) -> T:
-        """Run one upstream call on a reserved endpoint, feeding the outcome to its circuit."""
+    async def call(self, attempt: Attempt, metrics: Metrics, fn: Callable[[Endpoint], Awaitable[T]],
+                   group: str | None = None) -> T:
+        """Run one upstream call on a reserved endpoint, feeding the outcome to its circuit.
+        `group`: calls that share a prompt prefix (routing.policy affinity keeps them on one replica)."""
         queued = time.perf_counter()
-        async with self.pool.acquire(attempt.avoid) as endpoint:
+        async with self.pool.acquire(attempt.avoid, group) as endpoint:
             attempt.sent = True
             metrics.queue_wait.labels(self.name).observe(time.perf_counter() - queued)
             try:
@@ -56,7 +58,7 @@ class BackendRegistry:
 
     def __init__(self, settings: Settings) -> None:
         self.backends = {
-            name: Backend(name, cfg, EndpointPool(cfg.endpoints, cfg.admission, cfg.circuit))
+            name: Backend(name, cfg, EndpointPool(cfg.endpoints, cfg.admission, cfg.circuit, cfg.routing))
             for name, cfg in settings.backends.items()
         }
         self._by_label = {label: b for b in self.backends.values() for label in b.labels}

@@ -13,7 +13,6 @@ disagreement as no preference. Every comparison, labelled or failed, leaves one 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from proxy.errors import (
     TokenBudgetExceeded,
     UpstreamTimeout,
 )
-from proxy.layouts import build_compare_body, build_text_body, estimate_prompt_tokens, vision_token_count
+from proxy.layouts import build_compare_body, build_text_body, encode_body, estimate_prompt_tokens, vision_token_count
 from proxy.preference import (
     DEFAULT_COMPARE_PROMPT,
     PROMPT_NAME,
@@ -222,14 +221,13 @@ class Comparer:
                    ) -> tuple[ChatReply, T, int]:
         """One step under the retry policy: (reply, what parse read from it, asks)."""
         cfg, backend, metrics = c.backend.config, c.backend, self.scorer.metrics
-        first_ask, asks = json.dumps(body, separators=(",", ":")).encode(), 0
+        first_ask, asks = encode_body(body), 0
 
         async def send(attempt: Attempt) -> ChatReply:
             nonlocal asks
             asks = attempt.parse_round + 1
-            payload = first_ask if attempt.parse_round == 0 else json.dumps(
-                {**body, **sampling_for_ask(cfg, c.resolved.sampling, attempt.parse_round)},
-                separators=(",", ":")).encode()
+            payload = first_ask if attempt.parse_round == 0 else encode_body(
+                body, sampling_for_ask(cfg, c.resolved.sampling, attempt.parse_round))
             return await backend.call(attempt, metrics, lambda endpoint: self.scorer.upstream.chat(
                 endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
 

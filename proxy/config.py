@@ -1,6 +1,7 @@
 """The one validated configuration model, loaded from one YAML file.
 
-Defaults live here and nowhere else. Every model forbids unknown keys, so a typo fails at
+Longer than 300 lines because it is the whole config file's one model: split, its defaults would
+be scattered. Defaults live here and nowhere else. Every model forbids unknown keys, so a typo fails at
 start-up with the dotted path of the bad key.
 """
 
@@ -151,6 +152,20 @@ class AdmissionConfig(_Strict):
     max_queue: PositiveInt = 512
 
 
+class RoutingConfig(_Strict):
+    """Which replica an upstream call goes to (proxy/pool.py).
+
+    least_outstanding: the fewest calls in flight. affinity: calls of one group — the request's
+    metadata.group_id, else the first frame's hash for layouts that start with it (PRIMO-R1's
+    first-frame image, the images layout) — go to the same replica (rendezvous hashing), so vLLM's
+    prefix cache holds the shared "system prompt + first frame"; a replica already over
+    load_factor x the average share of calls in flight is passed over (bounded-load hashing), and
+    calls without a group go to the least outstanding."""
+
+    policy: Literal["least_outstanding", "affinity"] = "affinity"
+    load_factor: float = Field(1.25, ge=1.0)
+
+
 class ReplicaLaunch(_Strict):
     gpus: list[Annotated[int, Field(ge=0)]]
     port: int = Field(ge=1, le=65535)
@@ -196,6 +211,7 @@ class BackendConfig(_Strict):
     retry: RetryConfig = RetryConfig()
     circuit: CircuitConfig = CircuitConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    routing: RoutingConfig = RoutingConfig()
     # Per-request media_io_kwargs need `vllm serve --trust-request-mm-kwargs`. Turning this off
     # is for servers started without it: vLLM then keeps at most its --media-io-kwargs
     # num_frames (32 by default) and assumes fps 1.

@@ -47,6 +47,10 @@ class Metrics:
                                         ["backend", "endpoint"], registry=r)
         self.circuit_open = Gauge("vlm_proxy_circuit_open", "1 while an endpoint is out of rotation",
                                   ["backend", "endpoint"], registry=r)
+        self.routed = Gauge("vlm_proxy_routed_calls", "Upstream calls by routing decision since start: affinity "
+                            "(the group's replica), spilled (a group's call sent elsewhere: load bound or down), "
+                            "least_outstanding (no group, or routing.policy least_outstanding)",
+                            ["backend", "decision"], registry=r)
         self.in_flight = Gauge("vlm_proxy_in_flight", "Scoring requests in progress", ["backend"],
                                registry=r)
         self.comparisons = Counter("vlm_proxy_comparisons_total", "Comparisons (POST /compare, batch items "

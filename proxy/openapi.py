@@ -92,17 +92,26 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
     document = get_openapi(title=app.title, version=app.version, routes=app.routes,
                            description="Score robot episodes with VLMs served by stock `vllm serve`.")
     schemas = document["components"]["schemas"]
-    score = schemas["ScoreRequest"]["properties"]
     proxy = settings.proxy
     labels = _labels(settings.backends.items())
-    score["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
-                        "description": "a backend's name, served model name or alias; null = the first"}
-    score["nframes"]["anyOf"][0]["maximum"] = proxy.max_nframes
-    score["max_pixels"]["anyOf"][0]["maximum"] = proxy.max_pixels_limit
-    score["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
-    score["backend_kwargs"] = _backend_kwargs_schema(settings, prompts)
-    if (rule := _logprob_scale_rule(settings, prompts)) is not None:
-        schemas["ScoreRequest"].setdefault("allOf", []).append(rule)
+    for name in ("ScoreRequest", "DenseRequest"):  # a dense request is a score request with points
+        score = schemas[name]["properties"]
+        score["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
+                            "description": "a backend's name, served model name or alias; null = the first"}
+        score["nframes"]["anyOf"][0]["maximum"] = proxy.max_nframes
+        score["max_pixels"]["anyOf"][0]["maximum"] = proxy.max_pixels_limit
+        score["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
+        score["backend_kwargs"] = _backend_kwargs_schema(settings, prompts)
+        if (rule := _logprob_scale_rule(settings, prompts)) is not None:
+            schemas[name].setdefault("allOf", []).append(rule)
+    dense = schemas["DenseRequest"]["properties"]
+    dense["prefix_end"] = {"type": "null", "default": None, "description": "chosen per point: points or prefix_ends"}
+    dense["points"]["anyOf"][0]["maximum"] = proxy.max_batch_items
+    dense["prefix_ends"]["anyOf"][0]["maxItems"] = proxy.max_batch_items
+    dense["prefix_ends"]["anyOf"][0]["uniqueItems"] = True
+    schemas["DenseRequest"].setdefault("not", {"required": ["points", "prefix_ends"],
+                                               "properties": {"points": {"type": "integer"},
+                                                              "prefix_ends": {"type": "array"}}})
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
     _complete_compare(schemas, settings, prompts, labels)
     return document

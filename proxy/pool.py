@@ -1,7 +1,10 @@
 """A backend's replicas: balancing, per-endpoint caps, circuit breakers, and the admission queue.
 
-- `acquire` hands out the usable endpoint with the fewest requests in flight (ties round-robin),
-  below its in-flight cap, preferring ones this request has not failed on yet. When all are at
+- `acquire` hands out a usable endpoint below its in-flight cap, preferring ones this request has
+  not failed on yet: with a group key under `routing.policy: affinity`, the first in the key's
+  rendezvous order whose calls in flight stay within `load_factor` x the average (+1), so a
+  group's calls share a replica's prefix cache without piling onto it; else (or when every
+  endpoint is over that bound) the one with the fewest calls in flight, ties round-robin. When all are at
   their cap the caller waits in a bounded queue; a full queue is `Overloaded` (429) at once.
 - An endpoint's circuit opens after `failures` consecutive failures — transport/5xx failures of
   requests and failed health probes alike: it gets no traffic until `cooldown_s` passes (then
@@ -14,6 +17,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -21,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from proxy.config import AdmissionConfig, CircuitConfig
+from proxy.config import AdmissionConfig, CircuitConfig, RoutingConfig
 from proxy.errors import Overloaded, UpstreamUnavailable
 
 
@@ -53,10 +58,12 @@ class Reservation(NamedTuple):
 
 class EndpointPool:
     def __init__(self, urls: list[str], admission: AdmissionConfig | None = None,
-                 circuit: CircuitConfig | None = None) -> None:
+                 circuit: CircuitConfig | None = None, routing: RoutingConfig | None = None) -> None:
         self.endpoints = [Endpoint(u) for u in urls]
         self.admission = admission or AdmissionConfig()
         self.circuit = circuit or CircuitConfig()
+        self.routing = routing or RoutingConfig()
+        self.routed: dict[str, int] = {"affinity": 0, "spilled": 0, "least_outstanding": 0}  # decisions, /metrics
         self.waiting = 0
         self._turn = 0
         self._waiters: deque[asyncio.Future] = deque()
@@ -72,22 +79,39 @@ class EndpointPool:
     def _any_alive(self, now: float) -> bool:
         return any(not e.circuit_open or now >= e.open_until for e in self.endpoints)
 
-    def _choose(self, avoid: set[str]) -> Reservation | None:
+    def _choose(self, avoid: set[str], key: str | None = None) -> Reservation | None:
         now = time.monotonic()
         usable = [e for e in self.endpoints if self._usable(e, now)]
         preferred = [e for e in usable if e.base_url not in avoid] or usable
         if not preferred:
             return None
-        least = min(e.in_flight for e in preferred)
-        tied = [e for e in preferred if e.in_flight == least]
-        self._turn += 1
-        chosen = tied[self._turn % len(tied)]
+        chosen = self._by_affinity(preferred, key) if key is not None and self.routing.policy == "affinity" else None
+        if chosen is None:
+            least = min(e.in_flight for e in preferred)
+            tied = [e for e in preferred if e.in_flight == least]
+            self._turn += 1
+            chosen = tied[self._turn % len(tied)]
+            self.routed["spilled" if key is not None and self.routing.policy == "affinity"
+                        else "least_outstanding"] += 1
         trial = chosen.circuit_open  # half-open: this reservation is the one trial
         if trial:
             chosen.trial_in_flight = True
         chosen.in_flight += 1
         chosen.requests += 1
         return Reservation(chosen, trial)
+
+    def _by_affinity(self, candidates: list[Endpoint], key: str) -> Endpoint | None:
+        """The key's first endpoint in rendezvous order within the load bound, or None (all over it).
+        Rendezvous (highest random weight) hashing moves only the keys of an endpoint that leaves."""
+        total = sum(e.in_flight for e in self.endpoints) + 1  # with this call
+        bound = math.ceil(self.routing.load_factor * total / len(candidates))
+        ranked = sorted(candidates, reverse=True,
+                        key=lambda e: hashlib.blake2b(f"{key}|{e.base_url}".encode(), digest_size=8).digest())
+        for rank, endpoint in enumerate(ranked):
+            if endpoint.in_flight + 1 <= bound:
+                self.routed["affinity" if rank == 0 else "spilled"] += 1
+                return endpoint
+        return None
 
     def check_admission(self) -> None:
         """Refuse early (before any media work) when the queue is already full."""
@@ -96,9 +120,9 @@ class EndpointPool:
                              f"(admission.max_queue {self.admission.max_queue})", retry_after_s=1.0)
 
     @asynccontextmanager
-    async def acquire(self, avoid: set[str] | None = None) -> AsyncIterator[Endpoint]:
-        """Reserve an in-flight slot on one endpoint for the duration of the block."""
-        reservation = await self.reserve(avoid)
+    async def acquire(self, avoid: set[str] | None = None, key: str | None = None) -> AsyncIterator[Endpoint]:
+        """Reserve an in-flight slot on one endpoint for the duration of the block (`key`: a group)."""
+        reservation = await self.reserve(avoid, key)
         ok = False
         try:
             yield reservation.endpoint
@@ -106,20 +130,20 @@ class EndpointPool:
         finally:
             self.release(reservation, ok)
 
-    async def reserve(self, avoid: set[str] | None = None) -> Reservation:
+    async def reserve(self, avoid: set[str] | None = None, key: str | None = None) -> Reservation:
         """Take a slot; the caller must `release` it (streams hold it until the last byte)."""
         avoid = avoid or set()
-        reservation = self._choose(avoid)
+        reservation = self._choose(avoid, key)
         if reservation is None:
             self.check_admission()
             self.waiting += 1
             try:
-                reservation = await self._wait_for_slot(avoid)
+                reservation = await self._wait_for_slot(avoid, key)
             finally:
                 self.waiting -= 1
         return reservation
 
-    async def _wait_for_slot(self, avoid: set[str]) -> Reservation:
+    async def _wait_for_slot(self, avoid: set[str], key: str | None) -> Reservation:
         """FIFO: each release wakes exactly one waiter (no thundering herd at 1000 waiting)."""
         loop = asyncio.get_running_loop()
         front = False
@@ -139,7 +163,7 @@ class EndpointPool:
                 if not woken.done():
                     self._waiters.remove(woken)
                     woken.cancel()
-            reservation = self._choose(avoid)
+            reservation = self._choose(avoid, key)
             if reservation is not None:
                 return reservation
             front = woken.done() and not woken.cancelled()  # woken but beaten to it: keep its place

@@ -13,6 +13,7 @@ from proxy.backends import BackendRegistry
 from proxy.batch import check_batch_size
 from proxy.chat_scoring import completion, model_cards, parse_chat, score_chat, scoring_body
 from proxy.compare import Comparer
+from proxy.dense import DenseRequest, DenseResponse, score_dense
 from proxy.errors import InvalidRequest
 from proxy.health import Prober
 from proxy.observe import Metrics
@@ -99,6 +100,15 @@ async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> Scor
 async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerDep) -> JSONResponse:
     check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
     return _batch_answer(request, await scorer.score_batch(body.items, budget_s=budget_of(request)))
+
+
+@router.post("/score/dense", response_model=DenseResponse,
+             responses=_errors(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+async def score_dense_route(body: DenseRequest, request: Request, scorer: ScorerDep) -> DenseResponse:
+    """One episode's progress curve: `points` prefixes (or `prefix_ends`) scored concurrently, one call each."""
+    result = await score_dense(scorer, body, budget_s=budget_of(request))
+    request.state.backend = result.backend
+    return result
 
 
 def _batch_answer(request: Request, results: list[dict]) -> JSONResponse:
@@ -215,6 +225,8 @@ async def metrics(request: Request) -> Response:
     metrics: Metrics = request.app.state.metrics
     for backend in request.app.state.registry.backends.values():
         metrics.queue_length.labels(backend.name).set(backend.pool.waiting)
+        for decision, count in backend.pool.routed.items():
+            metrics.routed.labels(backend.name, decision).set(count)
         for endpoint in backend.pool.endpoints:
             metrics.endpoint_in_flight.labels(backend.name, endpoint.base_url).set(endpoint.in_flight)
             metrics.circuit_open.labels(backend.name, endpoint.base_url).set(int(endpoint.circuit_open))

@@ -20,7 +20,7 @@ class EpisodeMetadata(BaseModel):
     strings <= 256 chars): a few KB at most per audit line."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={
-        "maxProperties": 5 + MAX_METADATA_KEYS, "propertyNames": {"maxLength": MAX_METADATA_KEY},
+        "maxProperties": 6 + MAX_METADATA_KEYS, "propertyNames": {"maxLength": MAX_METADATA_KEY},
         "additionalProperties": {"anyOf": [{"type": "string", "maxLength": MAX_METADATA_STRING},
                                            {"type": "number"}, {"type": "boolean"}, {"type": "null"}]}})
 
@@ -29,6 +29,10 @@ class EpisodeMetadata(BaseModel):
     episode_id: int | ShortString | None = None
     step: int | None = None
     run: ShortString | None = None
+    # Episodes that share their start (a GRPO group: one initial state): routed to one replica so
+    # its prefix cache is shared (routing.policy affinity). Default: the first frame's hash, where
+    # the layout starts with the first frame.
+    group_id: int | ShortString | None = None
 
     @model_validator(mode="after")
     def _small_and_flat(self) -> EpisodeMetadata:
@@ -67,6 +71,9 @@ class ScoreRequest(BaseModel):
     # backend's frames.presentation_fps is "seed".
     video_fps: float | None = Field(None, ge=0.01, le=1000)
     nframes: int | None = Field(None, ge=1)  # frames to sample; caps checked against config
+    # Score the episode as if it ended at this source frame (0-based, inclusive): frames after it
+    # are dropped before sampling, and PRIMO-R1's "current frame" is this one.
+    prefix_end: int | None = Field(None, ge=0)
     max_pixels: int | None = Field(None, ge=28 * 28)  # per-frame pixel budget after resize
     backend: str | None = None  # backend name or alias; None = the only/first backend
     # Per-request sampling overrides (within bounds), score_mode, and template variables.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,13 +21,14 @@ from proxy.config import BackendConfig, SamplingConfig, Settings
 from proxy.errors import MAX_REPLY_CHARS, ProxyError, ScoreParseError, TokenBudgetExceeded
 from proxy.estimate import Estimated, estimate
 from proxy.frame_store import FrameStore
-from proxy.layouts import build_chat_body, estimate_prompt_tokens, vision_token_count
-from proxy.media import EncodedFrames, FrameLimits, prepare_frames, resolve_media_path
+from proxy.layouts import build_chat_body, encode_body, estimate_prompt_tokens, vision_token_count
+from proxy.media import EncodedFrames, encode_prefix, prepare_frames
 from proxy.observe import AuditLog, Metrics
 from proxy.prompts import PromptStore, apply_seed_overrides
 from proxy.resolve import ResolvedRequest, presentation_fps, resolve_request, sampling_for_ask
 from proxy.retry import Attempt, call_with_retries
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
+from proxy.sources import DecodedSource, FrameLimits, resolve_media_path
 from proxy.upstream import ChatReply, UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ class _Trace:
 
     backend: str
     task_text: str
+    kind: str = "score"  # "dense_point": one prefix of a /score/dense curve (reports count episodes apart)
+    dense: dict[str, int] | None = None  # that prefix's place in its curve: point, points
     metadata: dict[str, Any] | None = None
     asked: dict[str, Any] | None = None  # the request's own max_pixels and backend_kwargs (replay reuses them)
     prompt: PromptInfo | None = None
@@ -59,7 +61,9 @@ class _Trace:
     def record(self) -> dict[str, Any]:
         reply = self.last_reply
         return {
-            "backend": self.backend, "task_text": self.task_text, "metadata": self.metadata, "asked": self.asked,
+            "backend": self.backend, "task_text": self.task_text,
+            **({"kind": self.kind, "dense": self.dense} if self.dense else {}),
+            "metadata": self.metadata, "asked": self.asked,
             "prompt": self.prompt.model_dump() if self.prompt else None,
             "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
                                                        "sampled_fps", "vision_tokens", "sha256", "still_sha256"})
@@ -71,6 +75,19 @@ class _Trace:
             "endpoint": reply.endpoint if reply else None,
             "usage": reply.usage if reply else None, "usage_all_calls": self.usage_all_calls or None,
         }
+
+
+def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str | None:
+    """What this episode's prompt shares with others (routing.policy affinity): the caller's
+    group_id, else the first frame where the prompt opens with it (vLLM hashes an image by its
+    bytes, and the same pixels make the same JPEG here), else nothing worth a replica."""
+    if request.metadata is not None and request.metadata.group_id is not None:
+        return f"group:{request.metadata.group_id}"
+    if layout == "primo_interleave" and frames.still_sha256:
+        return f"frame:{frames.still_sha256[0]}"
+    if layout == "images":
+        return f"frame:{frames.sha256[0]}"
+    return None
 
 
 class Scorer:
@@ -85,11 +102,12 @@ class Scorer:
         self.audit = audit
         self.frame_store = frame_store
 
-    async def score(self, request: ScoreRequest, *, admit: bool = True,
-                    budget_s: float | None = None) -> ScoreResponse:
+    async def score(self, request: ScoreRequest, *, admit: bool = True, budget_s: float | None = None,
+                    decoded: DecodedSource | None = None, dense: dict[str, int] | None = None) -> ScoreResponse:
         """Score one episode. `admit=False` skips the queue-full check (batch items were
         admitted as a whole); they still wait for endpoint slots like everyone else.
-        `budget_s`: how long the caller will wait (its deadline caps the retry policy's)."""
+        `budget_s`: how long the caller will wait (its deadline caps the retry policy's).
+        `decoded`, `dense`: a prefix of a dense curve, its source decoded once for every prefix."""
         started = time.perf_counter()
         try:
             backend = self.registry.resolve(request.backend)
@@ -98,12 +116,14 @@ class Scorer:
             raise
         trace = _Trace(backend=backend.name, task_text=request.task_text,
                        metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None,
-                       asked={"max_pixels": request.max_pixels, "backend_kwargs": request.backend_kwargs or None})
+                       asked={"max_pixels": request.max_pixels, "backend_kwargs": request.backend_kwargs or None,
+                              **({"prefix_end": request.prefix_end} if request.prefix_end is not None else {})},
+                       kind="dense_point" if dense else "score", dense=dense)
         self.metrics.in_flight.labels(backend.name).inc()
         try:
             if admit:
                 backend.pool.check_admission()
-            response = await self._score(request, backend, started, budget_s, trace)
+            response = await self._score(request, backend, started, budget_s, trace, decoded)
         except ProxyError as err:
             err.backend = backend.name  # the true label for the HTTP request counter
             self.metrics.episodes.labels(backend.name, err.code).inc()
@@ -122,7 +142,7 @@ class Scorer:
         return response
 
     async def _score(self, request: ScoreRequest, backend: Backend, started: float,
-                     budget_s: float | None, trace: _Trace) -> ScoreResponse:
+                     budget_s: float | None, trace: _Trace, decoded: DecodedSource | None) -> ScoreResponse:
         cfg = backend.config
         template = self.prompts.get(cfg.prompt)
         resolved = resolve_request(request, cfg, template, self.settings.proxy)
@@ -131,20 +151,20 @@ class Scorer:
         system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
-        frames, fps, trace.frames, trace.frame_store = await self.load_episode(request, cfg, resolved)
+        frames, fps, trace.frames, trace.frame_store = await self.load_episode(request, cfg, resolved, decoded)
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
         body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)
-        first_ask = json.dumps(body, separators=(",", ":")).encode()
+        group = routing_group(request, cfg.layout, trace.frames)
+        first_ask = encode_body(body)
         upstream_started = time.perf_counter()
 
         async def send(attempt: Attempt) -> ChatReply:
             sampling = sampling_for_ask(cfg, resolved.sampling, attempt.parse_round)
-            payload = first_ask if attempt.parse_round == 0 else json.dumps(
-                {**body, **sampling}, separators=(",", ":")).encode()
+            payload = first_ask if attempt.parse_round == 0 else encode_body(body, sampling)
             trace.sampling, trace.asks = sampling, attempt.parse_round + 1
             return await backend.call(attempt, self.metrics, lambda endpoint: self.upstream.chat(
-                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
+                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()), group)
 
         def seen(reply: ChatReply) -> None:
             trace.saw(reply)
@@ -181,11 +201,15 @@ class Scorer:
         return await run_batch(items, lambda item: self.score(ScoreRequest.model_validate(item), admit=False,
                                                               budget_s=budget_s), "batch item")
 
-    async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, resolved: ResolvedRequest
+    async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, resolved: ResolvedRequest,
+                           decoded: DecodedSource | None = None
                            ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
         """One episode's frames as sent, the presentation rate, their provenance and what the frame
         store did with them (shared with /compare)."""
-        frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
+        if decoded is not None:  # a prefix of a dense curve: its source is decoded already
+            frames = await asyncio.to_thread(encode_prefix, resolved.limits, decoded, request.prefix_end)
+        else:
+            frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
         fps = presentation_fps(cfg, request, frames)
         info = FramesInfo(
             count=len(frames.jpegs), requested=resolved.requested_nframes, indices=frames.indices,
@@ -209,11 +233,15 @@ class Scorer:
                 self.metrics.tokens.labels(backend, kind).inc(reply.usage[kind])
 
     def _load_frames(self, request: ScoreRequest, limits: FrameLimits) -> EncodedFrames:
+        return prepare_frames(limits, prefix_end=request.prefix_end, **self.source_of(request))
+
+    def source_of(self, request: ScoreRequest) -> dict[str, Any]:
+        """The request's frame source as `decode_source` takes it (video_path checked against the roots)."""
         video_path: Path | None = None
         if request.video_path is not None:
             video_path = resolve_media_path(request.video_path, self.settings.proxy.allowed_media_roots)
-        return prepare_frames(limits, video_path=video_path, frames=request.frames,
-                              frames_npy=request.frames_npy, fps=request.fps)
+        return {"video_path": video_path, "frames": request.frames, "frames_npy": request.frames_npy,
+                "fps": request.fps}
 
     @staticmethod
     def _check_token_budget(cfg: BackendConfig, sampling: SamplingConfig, frames: EncodedFrames,

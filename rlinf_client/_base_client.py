@@ -24,9 +24,12 @@ from rlinf_client._exceptions import (
     RewardAPIError,
     make_status_error,
 )
-from rlinf_client._frames import encode_npy_b64, prepare_frames, write_temp_mp4
+from rlinf_client._frames import encode_npy, encode_npy_b64, prepare_frames, write_temp_mp4
 from rlinf_client._types import ClientStats, Episode
+from vlm_protocol.multipart import PART_PREFIX, encode_form
 from vlm_protocol.wire import BUDGET_HEADER, REQUEST_ID_HEADER, parse_retry_after
+
+BINARY_PART = "frames"  # transport: binary; the part an episode's frames_npy names
 
 
 @dataclass
@@ -35,11 +38,20 @@ class ScoreRequestBody:
 
     payload: dict[str, Any]
     temp_video: str | None = None  # transport: path; deleted by `discard` unless kept
+    npy: bytes | None = None  # transport: binary; the raw .npy the payload's frames_npy names as a part
+    steps: list[int] | None = None  # dense_points: the episode step of each frame sent (curve → steps)
 
     @property
     def size(self) -> int:
-        """About how many bytes the body takes in JSON (the frames dominate)."""
-        return len(self.payload.get("frames_npy") or "") + 1024
+        """About how many bytes the body takes (the frames dominate)."""
+        return len(self.npy if self.npy is not None else self.payload.get("frames_npy") or "") + 1024
+
+    def encoded(self) -> tuple[str, bytes]:
+        """(Content-Type, body) for POST /score (or /score/dense)."""
+        if self.npy is None:
+            return "application/json", self.to_bytes()
+        return encode_form(json.dumps(self.payload, separators=(",", ":")).encode(),
+                           {BINARY_PART: ("application/x-npy", self.npy)})
 
     def to_bytes(self) -> bytes:
         frames = self.payload.get("frames_npy")
@@ -65,16 +77,22 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequest
     the proxy presents by default) and the real rate of the frames sent, `episode_fps` x frames
     sent / episode steps — as `fps` with inline frames, and as the temp MP4's own rate.
     """
-    prepared = prepare_frames(episode.frames, cfg.nframes, cfg.client_sampling)
+    # A curve's prefixes each sample nframes of their own: send every held frame, the proxy picks.
+    client_sampling = cfg.client_sampling and not cfg.dense_points
+    prepared = prepare_frames(episode.frames, cfg.nframes, client_sampling)
     sent = prepared.count
-    used = sent if cfg.client_sampling else min(cfg.nframes, sent)
+    used = sent if client_sampling else min(cfg.nframes, sent)
     real_fps = cfg.episode_fps * sent / max(prepared.source_count, 1)
     payload: dict[str, Any] = {"task_text": episode.task_text, "nframes": used,
                                "max_pixels": cfg.max_pixels, "video_fps": cfg.video_fps}
-    temp_video = None
+    temp_video = npy = None
     if cfg.transport == "path":
         temp_video = write_temp_mp4(prepared.frames, real_fps, cfg.temp_video_dir)
         payload["video_path"] = os.path.abspath(temp_video)
+    elif cfg.transport == "binary":
+        npy = encode_npy(prepared.frames)
+        payload["frames_npy"] = PART_PREFIX + BINARY_PART
+        payload["fps"] = round(real_fps, 6)
     else:
         payload["frames_npy"] = encode_npy_b64(prepared.frames)
         payload["fps"] = round(real_fps, 6)
@@ -84,7 +102,10 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequest
         payload["backend_kwargs"] = dict(cfg.backend_kwargs)
     if episode.metadata:
         payload["metadata"] = dict(episode.metadata)
-    return ScoreRequestBody(payload, temp_video)
+    if cfg.dense_points:
+        payload["points"] = max(2, min(cfg.dense_points, sent - 1))  # a short episode: fewer, or a clear 422
+        return ScoreRequestBody(payload, temp_video, npy, steps=list(prepared.source_indices))
+    return ScoreRequestBody(payload, temp_video, npy)
 
 
 async def build_request_body_async(episode: Episode, cfg: RewardModelConfig) -> ScoreRequestBody:
@@ -109,6 +130,23 @@ def parse_score_body(body: Any, attempts: int) -> float:
         raise APIResponseValidationError(
             f"the proxy answered 200 without a score in [0, 1] (score={score!r})", attempts=attempts)
     return float(score)
+
+
+def parse_curve_body(body: Any, attempts: int, steps: list[int]) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """A /score/dense answer: (the last point's score, the curve as (episode step, score)), or
+    APIResponseValidationError — a curve with a bad point is refused whole, never patched."""
+    curve = body.get("curve") if isinstance(body, dict) else None
+    if not isinstance(curve, list) or not curve:
+        raise APIResponseValidationError("the proxy answered 200 without a curve", attempts=attempts)
+    points: list[tuple[int, float]] = []
+    for point in curve:
+        index = point.get("frame_index") if isinstance(point, dict) else None
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(steps) \
+                or (points and steps[index] <= points[-1][0]):
+            raise APIResponseValidationError(f"the curve's frame_index {index!r} is not a later frame sent",
+                                             attempts=attempts)
+        points.append((steps[index], parse_score_body(point, attempts)))
+    return points[-1][1], tuple(points)
 
 
 def response_json(response: httpx.Response) -> Any:
@@ -155,7 +193,8 @@ class TransportCore:
         if self._owns_http:
             await self.http.aclose()
 
-    async def post_json(self, url: str, content: bytes, deadline: float) -> tuple[Any, int]:
+    async def post_json(self, url: str, content: bytes, deadline: float,
+                        content_type: str = "application/json") -> tuple[Any, int]:
         """POST until a 2xx (its JSON and the attempts made) or a final typed error.
 
         Each try tells the proxy the time left (BUDGET_HEADER), so the proxy's own retries end
@@ -177,7 +216,7 @@ class TransportCore:
                 # (a reply that drips in slowly).
                 response = await asyncio.wait_for(self.http.post(
                     url, content=content,
-                    headers={"content-type": "application/json", BUDGET_HEADER: str(int(remaining * 1e3))},
+                    headers={"content-type": content_type, BUDGET_HEADER: str(int(remaining * 1e3))},
                     timeout=httpx.Timeout(remaining, connect=min(cfg.connect_timeout, remaining))),
                     remaining)
             except asyncio.TimeoutError as err:  # noqa: UP041 (not TimeoutError before 3.11)

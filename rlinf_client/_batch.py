@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from rlinf_client._base_client import TransportCore, response_json
+from rlinf_client._base_client import ScoreRequestBody, TransportCore, response_json
+from vlm_protocol.multipart import PART_PREFIX, encode_form
 
 log = logging.getLogger("rlinf_client")
 
@@ -63,8 +64,18 @@ async def _probe(core: TransportCore) -> bool | None:
     return True
 
 
-def batch_body(payloads: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"items": payloads}, separators=(",", ":")).encode()
+def batch_body(bodies: list[ScoreRequestBody]) -> tuple[str, bytes]:
+    """(Content-Type, body) of POST /score/batch: JSON, or one binary body whose item i names part i."""
+    if all(body.npy is None for body in bodies):
+        return "application/json", json.dumps({"items": [b.payload for b in bodies]}, separators=(",", ":")).encode()
+    items, parts = [], {}
+    for index, body in enumerate(bodies):
+        if body.npy is None:
+            items.append(body.payload)
+        else:
+            items.append({**body.payload, "frames_npy": f"{PART_PREFIX}{index}"})
+            parts[str(index)] = ("application/x-npy", body.npy)
+    return encode_form(json.dumps({"items": items}, separators=(",", ":")).encode(), parts)
 
 
 def batch_items(answer: Any, count: int) -> list[dict[str, Any]] | None:

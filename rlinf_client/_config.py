@@ -20,7 +20,7 @@ from vlm_protocol import strict_yaml
 
 __all__ = ["RewardModelConfig"]
 
-Transport = Literal["inline", "path"]
+Transport = Literal["inline", "path", "binary"]
 BatchMode = Literal["auto", "never"]
 Fallback = Literal["raise", "zero", "env_success"]
 FALLBACKS = ("raise", "zero", "env_success")
@@ -54,7 +54,9 @@ class RewardModelConfig:
     # sent / episode steps), whatever the transport; the proxy uses it when told to present
     # episodes in real time (its frames.presentation_fps: episode). LIBERO steps at 20 Hz.
     episode_fps: float = C.DEFAULT_EPISODE_FPS
-    transport: Transport = "inline"  # inline: frames_npy in the body; path: temp MP4 + video_path
+    # inline: base64 frames_npy in a JSON body; binary: the same .npy as a raw part of a multipart
+    # body (no base64; bench/bench_real_burst.py); path: a temp MP4 + video_path (shared disk)
+    transport: Transport = "binary"
     client_sampling: bool = True  # send only the nframes frames picked here (the seed's way)
     buffer_frames: int = C.DEFAULT_BUFFER_FRAMES  # per env per episode; 0 = keep all (exact)
     frame_stride: int = 1  # keep every k-th step from the start (the buffer may widen it)
@@ -64,6 +66,10 @@ class RewardModelConfig:
     batch: BatchMode = "auto"  # use POST /score/batch when the proxy has it
     # A label for this training run, sent with every episode (the proxy's audit log and `report`).
     run: str | None = None
+    # Dense progress (off: 0): ask the proxy's /score/dense for a curve of this many prefixes per
+    # episode (k scoring calls each) instead of one score; the episode's reward is the curve's last
+    # point, and `LiberoVLMReward.shaped_rewards` spreads it over the steps as potential differences.
+    dense_points: int = 0
     # The proxy's bearer token (proxy.api_key_env); None = the VLM_REWARD_PROXY_API_KEY variable.
     api_key: str | None = dataclasses.field(default=None, repr=False)
 
@@ -86,10 +92,16 @@ class RewardModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.dense_points, int) or isinstance(self.dense_points, bool) or self.dense_points == 1 \
+                or self.dense_points < 0:
+            problems.append(f"dense_points must be 0 (off) or an integer >= 2, got {self.dense_points!r}")
+        elif self.dense_points and self.binary_reward:
+            problems.append("dense_points pays progress differences, which a thresholded score has not: "
+                            "set binary_reward: false")
         if not 0.0 <= float(self.success_threshold) <= 1.0:
             problems.append(f"success_threshold must be within [0, 1], got {self.success_threshold!r}")
-        if self.transport not in ("inline", "path"):
-            problems.append(f"transport must be 'inline' or 'path', got {self.transport!r}")
+        if self.transport not in ("inline", "path", "binary"):
+            problems.append(f"transport must be 'inline', 'path' or 'binary', got {self.transport!r}")
         if self.batch not in ("auto", "never"):
             problems.append(f"batch must be 'auto' or 'never', got {self.batch!r}")
         if self.fallback is not None and self.fallback not in FALLBACKS:
@@ -149,7 +161,8 @@ class RewardModelConfig:
 
     @property
     def score_url(self) -> str:
-        return self.base_url + C.SCORE_PATH
+        """Where one episode goes: /score, or /score/dense for a curve (dense_points)."""
+        return self.base_url + (C.DENSE_PATH if self.dense_points else C.SCORE_PATH)
 
     @property
     def batch_url(self) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from vlm_protocol.wire import BATCH_PATH, HEALTH_PATH, SCORE_PATH
+from vlm_protocol.wire import BATCH_PATH, DENSE_PATH, HEALTH_PATH, SCORE_PATH
 
-__all__ = ["BATCH_PATH", "HEALTH_PATH", "SCORE_PATH"]
+__all__ = ["BATCH_PATH", "DENSE_PATH", "HEALTH_PATH", "SCORE_PATH"]
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:18080/score"
 

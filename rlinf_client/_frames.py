@@ -25,6 +25,7 @@ from vlm_protocol.frames import sample_indices as _proxy_sample_indices
 __all__ = [
     "EpisodeFrameBuffer",
     "PreparedFrames",
+    "encode_npy",
     "encode_npy_b64",
     "env_frames_from_obs",
     "prepare_frames",
@@ -197,11 +198,16 @@ def prepare_frames(source: Any, nframes: int, client_sampling: bool) -> Prepared
     return PreparedFrames(to_uint8_frames(array[indices]), indices, count)
 
 
-def encode_npy_b64(frames: np.ndarray) -> str:
-    """base64 of a .npy file: the proxy's `frames_npy`."""
+def encode_npy(frames: np.ndarray) -> bytes:
+    """A .npy file's bytes (transport: binary sends them raw)."""
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(frames, dtype=np.uint8), allow_pickle=False)
-    return base64.b64encode(buffer.getbuffer()).decode("ascii")
+    return buffer.getvalue()
+
+
+def encode_npy_b64(frames: np.ndarray) -> str:
+    """base64 of a .npy file: the proxy's `frames_npy`."""
+    return base64.b64encode(encode_npy(frames)).decode("ascii")
 
 
 def write_temp_mp4(frames: np.ndarray, fps: float, directory: str | None) -> str:

@@ -28,6 +28,7 @@ from rlinf_client import _constants as C
 from rlinf_client._base_client import (
     TransportCore,
     build_request_body_async,
+    parse_curve_body,
     parse_score_body,
     retry_delay,
     timeout_error,
@@ -48,7 +49,8 @@ log = logging.getLogger("rlinf_client")
 __all__ = ["Scheduler"]
 
 
-Outcome = tuple[float, dict] | RewardClientError  # (score, the proxy's answer) or the error
+# (score, the proxy's answer[, the curve as (step, score)]) or the error
+Outcome = tuple[float, dict] | tuple[float, dict, tuple] | RewardClientError
 
 
 class _Stop(Exception):
@@ -76,7 +78,8 @@ class Scheduler:
         results: list[EpisodeScore | None] = [None] * len(episodes)
         try:
             async with asyncio.timeout(self.cfg.timeout + C.RETURN_MARGIN_S / 2):
-                use_batch = len(episodes) > 1 and await self.batch.available(self.core)
+                # /score/batch holds single scores: a curve (dense_points) goes alone to /score/dense.
+                use_batch = len(episodes) > 1 and not self.cfg.dense_points and await self.batch.available(self.core)
                 await self._schedule(episodes, results, deadline, use_batch)
         except TimeoutError:
             pass  # whatever is not final below fails with `timeout`
@@ -167,8 +170,8 @@ class Scheduler:
             return list(await asyncio.gather(*(self._send_one(p, deadline) for p in group)))
         try:
             async with self._slots:
-                answer, attempts = await self.core.post_json(
-                    self.cfg.batch_url, batch_body([p.body.payload for p in group]), deadline)
+                content_type, content = batch_body([p.body for p in group])
+                answer, attempts = await self.core.post_json(self.cfg.batch_url, content, deadline, content_type)
         except APIStatusError as err:
             if err.status_code in REFUSED_AS_A_WHOLE:
                 self.batch.disable(f"the proxy refused a batch: {err}")
@@ -187,13 +190,16 @@ class Scheduler:
     async def _send_one(self, pending: PendingEpisode, deadline: float) -> Outcome:
         try:
             async with self._slots:
-                answer, attempts = await self.core.post_json(self.cfg.score_url, pending.body.to_bytes(),
-                                                             deadline)
+                content_type, content = pending.body.encoded()
+                answer, attempts = await self.core.post_json(self.cfg.score_url, content, deadline, content_type)
         except RewardAPIError as err:
             pending.attempts += err.attempts
             return err
         pending.attempts += attempts
         try:
+            if pending.body.steps is not None:  # dense_points: a curve
+                score, curve = parse_curve_body(answer, pending.attempts, pending.body.steps)
+                return score, answer, curve
             return parse_score_body(answer, pending.attempts), answer
         except RewardAPIError as err:
             return err
@@ -219,9 +225,9 @@ class Scheduler:
             return
         latency_ms = (time.perf_counter() - started) * 1e3
         if isinstance(outcome, tuple):
-            score, answer = outcome
+            score, answer, *curve = outcome
             result = EpisodeScore(ok=True, value=score, score=score, attempts=attempts, latency_ms=latency_ms,
-                                  response=answer)
+                                  response=answer, curve=curve[0] if curve else None)
         else:
             episode, policy = episodes[index], self.cfg.failure_policy
             code = getattr(outcome, "code", "error")

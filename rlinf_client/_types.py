@@ -40,7 +40,8 @@ class EpisodeScore:
     error: RewardClientError | None = None
     attempts: int = 0  # HTTP requests made for this episode, retries included
     latency_ms: float = 0.0  # prepare + send + retries
-    response: dict[str, Any] | None = None  # the proxy's full ScoreResponse
+    response: dict[str, Any] | None = None  # the proxy's full ScoreResponse (DenseResponse with dense_points)
+    curve: tuple[tuple[int, float], ...] | None = None  # dense_points: (episode step, score), `score` the last
 
     @property
     def fallback(self) -> bool:

@@ -33,6 +33,7 @@ from rlinf_client._config import RewardModelConfig
 from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs
 from rlinf_client._types import Episode
 from rlinf_client.mapping import map_score, relative_step_reward
+from rlinf_client.shaping import potential_rewards
 
 __all__ = ["LiberoVLMReward"]
 
@@ -72,6 +73,8 @@ class LiberoVLMReward:
         self.failures = 0  # fallbacks since creation
         self.episodes_scored = 0
         self.episodes_started = np.zeros(num_envs, dtype=np.int64)  # per env, for episode ids
+        # dense_points: each env's last scored curve as (episode step, score) points, and its steps
+        self.curves: list[tuple[tuple[tuple[int, float], ...], int] | None] = [None] * num_envs
 
     @classmethod
     def from_env_cfg(cls, env_cfg: Any, num_envs: int, *, client: Any = None) -> LiberoVLMReward | None:
@@ -130,6 +133,16 @@ class LiberoVLMReward:
         return {"vlm_score": self.vlm_score.astype(np.float32),
                 "vlm_fallback": self.vlm_fallback.astype(np.float32)}
 
+    def shaped_rewards(self, env: int) -> np.ndarray | None:
+        """With dense_points: env's last scored episode as per-step potential differences (one per
+        frame, the reset frame first; they add up to the reward paid on its end step). None when
+        dense_points is off or that episode was rewarded by the fallback. RLinf's LiberoEnv returns a
+        step's reward at that step, so this is for trainers that take an episode's rewards at its end."""
+        if self.curves[env] is None:
+            return None
+        curve, steps = self.curves[env]
+        return potential_rewards(curve, steps, self.reward_coef)
+
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
@@ -149,6 +162,7 @@ class LiberoVLMReward:
         for env, result in zip(envs, results, strict=True):
             mapped = map_score(result.value, binary_reward=self.config.binary_reward,
                                success_threshold=self.config.success_threshold)
+            self.curves[env] = (result.curve, self.buffers[env].count) if result.ok and result.curve else None
             self.terminal_value[env] = self.reward_coef * mapped
             self.vlm_score[env] = result.value
             self.vlm_fallback[env] = 0.0 if result.ok else 1.0

@@ -6,11 +6,12 @@ import email.utils
 import math
 import time
 
-__all__ = ["BATCH_PATH", "BUDGET_HEADER", "HEALTH_PATH", "MAX_RETRY_AFTER_S", "REQUEST_ID_HEADER",
+__all__ = ["BATCH_PATH", "BUDGET_HEADER", "DENSE_PATH", "HEALTH_PATH", "MAX_RETRY_AFTER_S", "REQUEST_ID_HEADER",
            "SCORE_PATH", "parse_retry_after"]
 
 SCORE_PATH = "/score"
 BATCH_PATH = "/score/batch"
+DENSE_PATH = "/score/dense"
 HEALTH_PATH = "/health"
 
 # The caller's remaining time budget for this request, in milliseconds. The proxy ends its own

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from vlm_protocol.multipart import PART_PREFIX, decode_form, is_form
+
 
 def tagged_frames(env: int, steps: range, size: int = 32) -> np.ndarray:
     """uint8 T×H×W×3; pixel (0, 0) holds (env, step % 256, step // 256)."""
@@ -37,6 +39,25 @@ def score_body(score: float, **extra: Any) -> dict[str, Any]:
             "output_text": f"<score>{score * 100:g}</score>", **extra}
 
 
+def read_body(request: httpx.Request) -> dict:
+    """The JSON request; from a binary body (transport: binary), with each "part:<name>" frames
+    field given back as the base64 of its part, as the inline transport would have sent it."""
+    if not request.content:
+        return {}
+    if not is_form(request.headers.get("content-type", "")):
+        return json.loads(request.content)
+    raw, parts = decode_form(request.content, request.headers["content-type"], max_parts=10_000)
+    body = json.loads(raw)
+
+    def inline(item: dict) -> dict:
+        ref = item.get("frames_npy")
+        if isinstance(ref, str) and ref.startswith(PART_PREFIX):
+            return {**item, "frames_npy": base64.b64encode(parts[ref[len(PART_PREFIX):]]).decode()}
+        return item
+
+    return {"items": [inline(i) for i in body["items"]]} if "items" in body else inline(body)
+
+
 @dataclass
 class FakeProxy:
     """POST /score answered in process. `score_fn(request_json, frames)` gives the score;
@@ -52,7 +73,7 @@ class FakeProxy:
         return httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content) if request.content else {}
+        body = read_body(request)
         with self.lock:
             self.requests.append((request.url.path, body))
             action = self.script.pop(0) if self.script else None

@@ -35,7 +35,7 @@ from rlinf_client._exceptions import (
     InternalServerError,
     make_status_error,
 )
-from tests.client._support import FakeProxy, error_response, frame_tag, tagged_frames
+from tests.client._support import FakeProxy, error_response, frame_tag, read_body, tagged_frames
 from vlm_protocol.wire import BUDGET_HEADER, MAX_RETRY_AFTER_S, parse_retry_after
 
 FRAMES = tagged_frames(0, range(40), size=8)
@@ -377,7 +377,8 @@ class _BatchThenHang(httpx.AsyncBaseTransport):
         self.released = asyncio.Event()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(await request.aread())
+        await request.aread()
+        body = read_body(request)
         if request.url.path == "/score/batch" and not body["items"]:
             return error_response(422, "invalid_request")  # the probe: batching is offered
         self.sent.append((request.url.path, int(request.headers[BUDGET_HEADER])))

@@ -18,7 +18,7 @@ def test_the_seed_block_loads_unchanged():
     cfg = RewardModelConfig.from_mapping(SEED_BLOCK)
     assert cfg.enable and cfg.backend == "qwen2_5_vl_vllm" and cfg.timeout == 120.0
     assert dict(cfg.backend_kwargs) == {"score_mode": "auto"}
-    assert cfg.transport == "inline" and cfg.client_sampling  # additions keep the seed's behaviour
+    assert cfg.transport == "binary" and cfg.client_sampling  # frames in the request: no shared disk needed
     assert cfg.score_url == "http://127.0.0.1:18080/score"
     assert cfg.batch_url == "http://127.0.0.1:18080/score/batch"
     assert cfg.health_url == "http://127.0.0.1:18080/health"

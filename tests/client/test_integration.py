@@ -67,6 +67,25 @@ def test_inline_and_path_transports_give_the_same_score(proxy_server, fake_qwen,
     assert list(media_root.iterdir()) == []  # the temporary MP4 was deleted
 
 
+def test_the_binary_transport_sends_the_same_episodes_as_inline_one_by_one_and_in_a_batch(proxy_server, fake_qwen):
+    """transport: binary (a multipart body with the raw .npy) against inline base64: the same frames
+    reach vLLM and the same scores come back, for /score and for /score/batch."""
+    fake_qwen.fake.state.reply_fn = brightness_reply
+    episodes = [Episode(episode_frames(30 + 7 * i, 96, 96), f"task {i}", 0.0) for i in range(3)]
+    seen = {}
+    for transport in ("inline", "binary"):
+        for batch in ("never", "auto"):
+            fake_qwen.fake.reset()
+            fake_qwen.fake.state.reply_fn = brightness_reply
+            with RewardClient(client_cfg(proxy_server, transport=transport, batch=batch)) as client:
+                results = client.score_episodes(episodes)
+            assert all(r.ok for r in results), [r.error for r in results]
+            videos = sorted(json.dumps(r["messages"][-1]["content"][0]) for r in fake_qwen.chat_requests)
+            seen[transport, batch] = ([r.score for r in results], [r.response["frames"]["sha256"] for r in results],
+                                      videos)
+    assert seen["inline", "never"] == seen["binary", "never"] == seen["inline", "auto"] == seen["binary", "auto"]
+
+
 def test_keep_temp_video_keeps_the_mp4(proxy_server, media_root):
     cfg = client_cfg(proxy_server, transport="path", temp_video_dir=str(media_root),
                      keep_temp_video=True)

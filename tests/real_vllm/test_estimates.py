@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.real_vllm.stack import PRIMO, QWEN_DIGIT, QWEN_ONE_ASK, TASK, RealStack, episode_source, say
+from vlm_protocol.frames import sample_indices
 
 pytestmark = pytest.mark.real_vllm
 
@@ -108,3 +109,32 @@ def test_logprob_score_on_a_single_token_scale(real_stack: RealStack, http) -> N
     assert abs(sum(info["distribution"].values()) - 1.0) < 1e-6
     # greedy decoding took the most likely value: the distribution was read at the answer's token
     assert float(max(info["distribution"], key=info["distribution"].get)) == info["greedy_raw"]
+
+
+def test_a_dense_curve_costs_k_calls(real_stack: RealStack, http) -> None:
+    """Issue 15 item 4 on the real server: k prefixes as k concurrent calls; what that costs next to one."""
+    source = episode_source("npy", 24, 112, 112, real_stack.media_root)
+    body = {"task_text": TASK, "backend": QWEN_ONE_ASK, "nframes": 8, **source}
+    walls: dict[str, list[float]] = {"one": [], "dense4": []}
+    answers: dict[str, dict] = {}
+    for name in ("one", "dense4", "one", "dense4"):  # interleaved, as above
+        started = time.perf_counter()
+        answer = (http.post("/score", json={**body, "metadata": {"run": "dense-one"}}) if name == "one" else
+                  http.post("/score/dense", json={**body, "points": 4, "metadata": {"run": "dense-4"}}))
+        walls[name].append(time.perf_counter() - started)
+        assert answer.status_code == 200, answer.text
+        answers[name] = answer.json()
+    one, dense = answers["one"], answers["dense4"]
+    assert [p["frame_index"] for p in dense["curve"]] == sample_indices(24, 5)[1:]
+    assert len(dense["points"]) == 4 and dense["attempts"] == 4
+    # the last point is the whole episode: the same frames and prompt as the single score
+    assert dense["points"][-1]["frames"]["sha256"] == one["frames"]["sha256"]
+    assert dense["points"][-1]["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    shorter = [p["usage"]["prompt_tokens"] for p in dense["points"]]
+    assert shorter == sorted(shorter) and dense["points"][0]["frames"]["count"] == 7  # frames 0..6
+    cost = {"wall_ratio": round(sum(walls["dense4"]) / sum(walls["one"]), 2),
+            "prompt_token_ratio": round(dense["usage"]["prompt_tokens"] / one["usage"]["prompt_tokens"], 2),
+            "prompt_tokens_per_point": shorter, "walls_s": {k: [round(w, 3) for w in v] for k, v in walls.items()}}
+    say(f"dense curve of 4 points vs one score: wall x{cost['wall_ratio']}, prompt tokens "
+        f"x{cost['prompt_token_ratio']} ({shorter})")
+    _record(real_stack, "dense4_cost", cost)

@@ -59,3 +59,64 @@ def test_probe_failures_count_towards_the_circuit_like_request_failures():
     assert endpoint.state() == "open" and "health probe: /health answered 503" in endpoint.last_failure
     pool.record_probe(endpoint, True, None)
     assert endpoint.state() == "closed" and endpoint.consecutive_failures == 0
+
+
+# -- affinity routing (routing.policy: affinity) -------------------------------------------------
+def _routed_pool(n=2, **routing):
+    from proxy.config import RoutingConfig
+
+    return EndpointPool([f"http://127.0.0.1:{9000 + i}/v1" for i in range(n)], AdmissionConfig(),
+                        CircuitConfig(failures=1, cooldown_s=60), RoutingConfig(**routing))
+
+
+async def test_a_group_keeps_its_replica_while_it_is_within_the_load_bound():
+    pool = _routed_pool(4)
+    homes = {}
+    for key in (f"frame:{i}" for i in range(64)):
+        picks = set()
+        for _ in range(5):  # one at a time: never over the bound
+            reservation = await pool.reserve(key=key)
+            picks.add(reservation.endpoint.base_url)
+            pool.release(reservation, ok=True)
+        assert len(picks) == 1
+        homes[key] = picks.pop()
+    # Rendezvous hashing spreads groups over every replica (64 keys, 4 replicas).
+    assert len(set(homes.values())) == 4
+    assert pool.routed == {"affinity": 320, "spilled": 0, "least_outstanding": 0}
+
+
+async def test_a_busy_home_spills_to_the_next_and_the_load_stays_bounded():
+    pool = _routed_pool(2, load_factor=1.25)
+    held = [await pool.reserve(key="group:7") for _ in range(40)]
+    loads = sorted(e.in_flight for e in pool.endpoints)
+    # bound = ceil(1.25 x calls / 2): the home takes its bounded share, the rest spill over
+    assert loads == [15, 25] and pool.routed["spilled"] == 15 and pool.routed["affinity"] == 25
+    for reservation in held:
+        pool.release(reservation, ok=True)
+
+
+async def test_a_home_out_of_rotation_moves_only_its_groups():
+    pool = _routed_pool(3)
+    keys = [f"frame:{i}" for i in range(30)]
+
+    async def homes() -> dict[str, str]:
+        found = {}
+        for key in keys:
+            reservation = await pool.reserve(key=key)
+            found[key] = reservation.endpoint.base_url
+            pool.release(reservation, ok=True)
+        return found
+
+    before = await homes()
+    down = pool.endpoints[0]
+    pool.record_failure(down, cause="upstream_unavailable: 503")  # failures=1: out of rotation
+    after = await homes()
+    assert all(after[k] == before[k] for k in keys if before[k] != down.base_url)  # the rest stay put
+    assert all(after[k] != down.base_url for k in keys)
+
+
+async def test_without_a_group_or_with_the_policy_off_it_is_least_outstanding():
+    for pool, key in ((_routed_pool(2), None), (_routed_pool(2, policy="least_outstanding"), "frame:1")):
+        first, second = await pool.reserve(key=key), await pool.reserve(key=key)
+        assert first.endpoint is not second.endpoint
+        assert pool.routed == {"affinity": 0, "spilled": 0, "least_outstanding": 2}

@@ -1,0 +1,30 @@
+"""The chat body as sent (proxy.layouts.encode_body): the media URLs are spliced in after JSON
+encoding, and the bytes must still be exactly the JSON of the body, whatever the text holds."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.layouts import encode_body
+
+b64 = st.binary(min_size=0, max_size=64).map(lambda b: base64.b64encode(b).decode())
+text = st.text(max_size=80)  # any unicode: quotes, backslashes, NULs, surrogates' neighbours
+part = st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, text),
+    st.builds(lambda d: {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + d}}, b64),
+    st.builds(lambda ds: {"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(ds)}},
+              st.lists(b64, min_size=1, max_size=4)),
+)
+
+
+@given(system=st.one_of(st.none(), text), parts=st.lists(part, max_size=6), temperature=st.floats(0, 2))
+def test_the_spliced_body_is_the_json_of_the_body(system, parts, temperature):
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": parts}]
+    body = {"model": "m", "messages": messages, "n": 1, "stream": False}
+    assert json.loads(encode_body(body)) == body
+    assert json.loads(encode_body(body, {"temperature": temperature})) == {**body, "temperature": temperature}
