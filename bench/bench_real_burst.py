@@ -9,6 +9,9 @@ PRIMO-R1 replicas started by `vlm-reward-proxy up`). Three questions, one run:
   routing    affinity versus least outstanding over both replicas: each replica's prefix-cache
              queries and hits (vllm:prefix_cache_*_total, tokens) and the wall, interleaved runs
 
+Longer than 300 lines because it is one experiment: the stack, the workload and three questions
+asked of the same servers in one run (a ratio is only meaningful within one run).
+
 Each run of each question uses its own episodes (new pixels), so no run is helped by what an
 earlier one left in the prefix cache. On these 2 cores the proxy and vLLM share the CPU: ratios
 within one run are the result, absolute times are noise.

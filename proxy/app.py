@@ -101,7 +101,8 @@ def create_app(settings: Settings) -> FastAPI:
     install_handlers(app)
     install_openapi(app, settings, prompts)
     # Added before the Edge, so inside it: the cap, auth and request id come first.
-    app.add_middleware(BinaryBody, max_parts=2 * settings.proxy.max_inline_frames * settings.proxy.max_batch_items + 1)
+    # At most: every frame of one episode, or 32 parts per item of a full batch (and the request).
+    app.add_middleware(BinaryBody, max_parts=settings.proxy.max_inline_frames + 32 * settings.proxy.max_batch_items)
     app.add_middleware(Edge, max_bytes=int(settings.proxy.max_body_mb * 2**20), metrics=metrics, gate=gate,
                        routes=frozenset(p for r in (*app.routes, *router.routes) if (p := getattr(r, "path", None))),
                        api_key=api_key)

@@ -2,34 +2,21 @@
 JSON part for the routes, and its raw parts are what a "part:<name>" frame field reads.
 
 One plain ASGI middleware inside the Edge (so the body cap, auth and request id apply first). The
-parts live in a context variable of the request's task: batch items and worker threads inherit it,
-and no other request can name them (a JSON request that says "part:x" finds nothing: a 422).
+parts live in a context variable of the request's task (proxy/parts.py): batch items and worker
+threads inherit it, and no other request can name them (a JSON request that says "part:x" finds
+nothing: a 422).
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.errors import InvalidRequest, MediaDecodeError
+from proxy.errors import InvalidRequest
 from proxy.http_errors import error_response
-from vlm_protocol.multipart import PART_PREFIX, FormError, decode_form, is_form
+from proxy.parts import PARTS
+from vlm_protocol.multipart import FormError, decode_form, is_form
 
-__all__ = ["BinaryBody", "part_bytes"]
-
-PARTS: ContextVar[dict[str, bytes] | None] = ContextVar("vlm_binary_parts", default=None)
-
-
-def part_bytes(reference: str, field: str) -> bytes:
-    """The raw bytes a "part:<name>" field names, in this request's binary body."""
-    parts = PARTS.get()
-    name = reference[len(PART_PREFIX):]
-    if parts is None or name not in parts:
-        raise MediaDecodeError(f"{field} names part {name!r}, which this request's body does not hold "
-                               "(a multipart/form-data body carries the parts it names)", field=field)
-    return parts[name]
-
+__all__ = ["BinaryBody"]
 
 class BinaryBody:
     def __init__(self, app: ASGIApp, *, max_parts: int) -> None:

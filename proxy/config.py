@@ -159,11 +159,12 @@ class RoutingConfig(_Strict):
     metadata.group_id, else the first frame's hash for layouts that start with it (PRIMO-R1's
     first-frame image, the images layout) — go to the same replica (rendezvous hashing), so vLLM's
     prefix cache holds the shared "system prompt + first frame"; a replica already over
-    load_factor x the average share of calls in flight is passed over (bounded-load hashing), and
-    calls without a group go to the least outstanding."""
+    load_factor x the average share of calls in flight + group_slack is passed over (bounded-load
+    hashing), and calls without a group go to the least outstanding."""
 
     policy: Literal["least_outstanding", "affinity"] = "affinity"
     load_factor: float = Field(1.25, ge=1.0)
+    group_slack: int = Field(8, ge=0)  # calls over the bound a replica still takes: one GRPO group
 
 
 class ReplicaLaunch(_Strict):

@@ -69,11 +69,18 @@ def encode_body(body: dict[str, Any], overrides: dict[str, Any] | None = None) -
                 for m in body["messages"]]
     encoded = json.dumps({**body, "messages": messages, **(overrides or {})}, separators=(",", ":"))
     pieces = encoded.split(json.dumps(_MEDIA_TOKEN)[1:-1])  # the token as JSON writes it
+    if len(pieces) != len(urls) + 1 or not all(_plain(url) for url in urls):  # never, for our data: URLs
+        return json.dumps({**body, **(overrides or {})}, separators=(",", ":")).encode()
     out = [pieces[0].encode()]
     for piece in pieces[1:]:
         index, _, rest = piece.partition('"')
         out += [urls[int(index)].encode("ascii"), b'"', rest.encode()]
     return b"".join(out)
+
+
+def _plain(url: str) -> bool:
+    """Text JSON writes as it is (what a base64 data URL always is)."""
+    return url.isascii() and url.isprintable() and '"' not in url and "\\" not in url
 
 
 def layout_has_video(layout: str) -> bool:

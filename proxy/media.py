@@ -86,9 +86,12 @@ def encode_prefix(limits: FrameLimits, decoded: DecodedSource, prefix_end: int |
     qwen-vl-utils' video rule; stills (first and last frame) its image rule. A JPEG already made for
     the same frame at the same size (another prefix of a dense curve) is reused."""
     started = time.perf_counter()
-    indices = [i for i in prefix_indices(decoded.count, limits.nframes, prefix_end) if i in decoded]
-    if not indices:
-        raise MediaDecodeError("no frame of the episode could be decoded", field=decoded.field)
+    wanted = prefix_indices(decoded.count, limits.nframes, prefix_end)
+    indices = [i for i in wanted if i in decoded]  # a video frame that would not decode is left out
+    if not indices or indices[0] != wanted[0] or indices[-1] != wanted[-1]:
+        # The first and the last frame are what the model judges by (PRIMO-R1's two stills): never another.
+        missing = wanted[0] if not indices or indices[0] != wanted[0] else wanted[-1]
+        raise MediaDecodeError(f"frame {missing} of the episode could not be decoded", field=decoded.field)
     first_shape = decoded.sizes[indices[0]]
     if any(decoded.sizes[i] != first_shape for i in indices):
         raise MediaDecodeError("frames of one episode must all have the same size", field=decoded.field)
@@ -114,7 +117,7 @@ def encode_prefix(limits: FrameLimits, decoded: DecodedSource, prefix_end: int |
     stills = [jpeg(i, still) for i in (indices[0], indices[-1])] if still is not None else []
     return EncodedFrames(
         jpegs=jpegs, indices=indices, source_count=decoded.count, width=width, height=height,
-        sampled_fps=decoded.fps * len(indices) / decoded.count, load_ms=decoded.load_ms,
+        sampled_fps=decoded.fps * len(indices) / prefix_count(decoded.count, prefix_end), load_ms=decoded.load_ms,
         encode_ms=(time.perf_counter() - started) * 1e3, stills=stills,
         still_size=(still[1], still[0]) if still is not None else None,
     )

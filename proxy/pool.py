@@ -2,8 +2,8 @@
 
 - `acquire` hands out a usable endpoint below its in-flight cap, preferring ones this request has
   not failed on yet: with a group key under `routing.policy: affinity`, the first in the key's
-  rendezvous order whose calls in flight stay within `load_factor` x the average (+1), so a
-  group's calls share a replica's prefix cache without piling onto it; else (or when every
+  rendezvous order whose calls in flight stay within `load_factor` x the average + `group_slack`,
+  so a group's calls share a replica's prefix cache without piling onto it; else (or when every
   endpoint is over that bound) the one with the fewest calls in flight, ties round-robin. When all are at
   their cap the caller waits in a bounded queue; a full queue is `Overloaded` (429) at once.
 - An endpoint's circuit opens after `failures` consecutive failures — transport/5xx failures of
@@ -102,14 +102,16 @@ class EndpointPool:
 
     def _by_affinity(self, candidates: list[Endpoint], key: str) -> Endpoint | None:
         """The key's first endpoint in rendezvous order within the load bound, or None (all over it).
-        Rendezvous (highest random weight) hashing moves only the keys of an endpoint that leaves."""
-        total = sum(e.in_flight for e in self.endpoints) + 1  # with this call
-        bound = math.ceil(self.routing.load_factor * total / len(candidates))
-        ranked = sorted(candidates, reverse=True,
+        Rendezvous (highest random weight) hashing moves only the keys of an endpoint that leaves.
+        The bound: load_factor x the candidates' average calls in flight (this one included), plus
+        `group_slack` — at low load a whole group stays together rather than spreading at once."""
+        total = sum(e.in_flight for e in candidates) + 1
+        bound = math.ceil(self.routing.load_factor * total / len(candidates)) + self.routing.group_slack
+        ranked = sorted(self.endpoints, reverse=True,  # over all: "affinity" means the key's own replica
                         key=lambda e: hashlib.blake2b(f"{key}|{e.base_url}".encode(), digest_size=8).digest())
-        for rank, endpoint in enumerate(ranked):
-            if endpoint.in_flight + 1 <= bound:
-                self.routed["affinity" if rank == 0 else "spilled"] += 1
+        for endpoint in ranked:
+            if endpoint in candidates and endpoint.in_flight + 1 <= bound:
+                self.routed["affinity" if endpoint is ranked[0] else "spilled"] += 1
                 return endpoint
         return None
 

@@ -126,15 +126,17 @@ class Scorer:
             response = await self._score(request, backend, started, budget_s, trace, decoded)
         except ProxyError as err:
             err.backend = backend.name  # the true label for the HTTP request counter
-            self.metrics.episodes.labels(backend.name, err.code).inc()
+            if dense is None:  # a curve's prefixes are not episodes (the route counts the curve)
+                self.metrics.episodes.labels(backend.name, err.code).inc()
             self.audit.write({**trace.record(), "error": {"code": err.code, "message": err.message},
                               "attempts": err.attempts})
             raise
         finally:
             self.metrics.in_flight.labels(backend.name).dec()
-        self.metrics.episodes.labels(backend.name, "ok").inc()
-        self.metrics.scores.labels(backend.name).observe(response.score)
-        self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
+        if dense is None:
+            self.metrics.episodes.labels(backend.name, "ok").inc()
+            self.metrics.scores.labels(backend.name).observe(response.score)
+            self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
         self.audit.write({**trace.record(), "model": response.model, "score": response.score,
                           "raw_score": response.raw_score, "parse": response.parse.model_dump(),
                           **response.model_dump(include={"samples", "spread", "logprob"}, exclude_none=True),

@@ -20,14 +20,15 @@ import cv2
 import numpy as np
 import pybase64  # SIMD base64, the decoder vLLM uses: 3.2 MB in 0.14 ms vs 6.5 ms
 
-from proxy.binary_body import part_bytes
 from proxy.errors import InvalidRequest, MediaDecodeError, MediaForbidden, MediaNotFound
 from proxy.npy import NpyError, read_uint8
+from proxy.parts import part_bytes
 from vlm_protocol.multipart import PART_PREFIX
 
 __all__ = ["DecodedSource", "FrameLimits", "decode_source", "prefix_count", "resolve_media_path"]
 
 SOURCE_FIELDS = ("video_path", "frames", "frames_npy")
+_EXIF_ORIENTATION = 0x0112  # 1 = as stored; anything else, OpenCV rotates on decoding
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def _grab_at(capture, wanted: list[int] | None) -> tuple[dict[int, np.ndarray], 
     return frames, index
 
 
-def _b64decode(data: str | bytes, field: str) -> bytes:
+def _b64decode(data: str, field: str) -> bytes:
     if data.startswith(PART_PREFIX):  # a raw part of a binary (multipart) body: no base64 at all
         return part_bytes(data, field)
     if data.startswith("data:"):
@@ -201,27 +202,32 @@ def _b64decode(data: str | bytes, field: str) -> bytes:
         raise MediaDecodeError(f"{field} is not valid base64", field=field) from err
 
 
-def _read_image(data: str | bytes, position: int, limits: FrameLimits, into: DecodedSource) -> None:
+def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSource) -> None:
     """One inline image into `into`: an RGB JPEG kept as its bytes (decoded only if it must be
     resized), anything else decoded now. The header is read first, so a decompression bomb is
     refused before it is decoded."""
-    raw = _b64decode(data, f"frames[{position}]") if isinstance(data, str) else data
+    raw = _b64decode(data, f"frames[{position}]")
     try:
         from PIL import Image
 
         with Image.open(io.BytesIO(raw)) as probe:
             (width, height), kind, mode = probe.size, probe.format, probe.mode
+            orientation = probe.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception as err:  # noqa: BLE001 - any PIL failure means "not an image we can read"
         raise MediaDecodeError(f"frames[{position}] is not a PNG/JPEG image",
                                field=f"frames[{position}]") from err
     if width * height > limits.max_source_pixels:
         raise MediaDecodeError(f"frames[{position}] is {width}x{height}, over the "
                                f"{limits.max_source_pixels}-pixel cap", field=f"frames[{position}]")
-    into.sizes[position] = (height, width)
-    if kind == "JPEG" and mode == "RGB":  # what vLLM decodes to RGB as is: forwardable
+    # A cut JPEG (no end-of-image marker) is decoded here and fails as this request's own error;
+    # other damage inside one surfaces as vLLM's 400, a rejected request (tests/real_vllm).
+    if kind == "JPEG" and mode == "RGB" and orientation == 1 and raw.rstrip(b"\x00").endswith(b"\xff\xd9"):
+        into.sizes[position] = (height, width)  # forwardable: vLLM decodes these bytes to these pixels
         into.jpegs[(position, height, width)] = raw
     else:
-        into.frames[position] = _decode_rgb(raw, position)
+        frame = _decode_rgb(raw, position)  # OpenCV applies an EXIF rotation: its shape is the truth
+        into.sizes[position] = frame.shape[:2]
+        into.frames[position] = frame
 
 
 def _decode_rgb(raw: bytes, position: int) -> np.ndarray:

@@ -4,13 +4,14 @@ the one place where httpx exceptions and HTTP answers become this package's erro
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -46,12 +47,20 @@ class ScoreRequestBody:
         """About how many bytes the body takes (the frames dominate)."""
         return len(self.npy if self.npy is not None else self.payload.get("frames_npy") or "") + 1024
 
-    def encoded(self) -> tuple[str, bytes]:
-        """(Content-Type, body) for POST /score (or /score/dense)."""
-        if self.npy is None:
-            return "application/json", self.to_bytes()
+    def encoded(self, binary: bool = True) -> tuple[str, bytes]:
+        """(Content-Type, body) for POST /score (or /score/dense); `binary=False` sends a binary
+        body's frames inline instead (for a proxy that takes no binary body)."""
+        if self.npy is None or not binary:
+            return "application/json", self.inline().to_bytes()
         return encode_form(json.dumps(self.payload, separators=(",", ":")).encode(),
                            {BINARY_PART: ("application/x-npy", self.npy)})
+
+    def inline(self) -> ScoreRequestBody:
+        """This body with its frames as base64 in the JSON (itself when they are already)."""
+        if self.npy is None:
+            return self
+        return replace(self, payload={**self.payload, "frames_npy": base64.b64encode(self.npy).decode()},
+                                   npy=None)
 
     def to_bytes(self) -> bytes:
         frames = self.payload.get("frames_npy")
@@ -136,16 +145,19 @@ def parse_curve_body(body: Any, attempts: int, steps: list[int]) -> tuple[float,
     """A /score/dense answer: (the last point's score, the curve as (episode step, score)), or
     APIResponseValidationError — a curve with a bad point is refused whole, never patched."""
     curve = body.get("curve") if isinstance(body, dict) else None
-    if not isinstance(curve, list) or not curve:
-        raise APIResponseValidationError("the proxy answered 200 without a curve", attempts=attempts)
+    if not isinstance(curve, list) or len(curve) < 2 or body.get("source_count") != len(steps):
+        raise APIResponseValidationError(f"the proxy answered 200 without a curve over the {len(steps)} frames "
+                                         "sent", attempts=attempts)
     points: list[tuple[int, float]] = []
     for point in curve:
         index = point.get("frame_index") if isinstance(point, dict) else None
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(steps) \
+        if isinstance(index, bool) or not isinstance(index, int) or not 1 <= index < len(steps) \
                 or (points and steps[index] <= points[-1][0]):
             raise APIResponseValidationError(f"the curve's frame_index {index!r} is not a later frame sent",
                                              attempts=attempts)
         points.append((steps[index], parse_score_body(point, attempts)))
+    if curve[-1]["frame_index"] != len(steps) - 1:  # the reward is the last point: the whole episode's
+        raise APIResponseValidationError("the curve does not end at the episode's last frame", attempts=attempts)
     return points[-1][1], tuple(points)
 
 

@@ -68,7 +68,7 @@ def batch_body(bodies: list[ScoreRequestBody]) -> tuple[str, bytes]:
     """(Content-Type, body) of POST /score/batch: JSON, or one binary body whose item i names part i."""
     if all(body.npy is None for body in bodies):
         return "application/json", json.dumps({"items": [b.payload for b in bodies]}, separators=(",", ":")).encode()
-    items, parts = [], {}
+    items, parts = [], {}  # the same form as ScoreRequestBody.encoded, one part per episode
     for index, body in enumerate(bodies):
         if body.npy is None:
             items.append(body.payload)

@@ -66,6 +66,7 @@ class Scheduler:
         self.cfg = core.cfg
         self.stats = stats
         self.batch = BatchSupport(self.cfg.batch)
+        self.binary = True  # transport: binary, until a proxy refuses the body (then inline, said once)
         self._slots = asyncio.Semaphore(self.cfg.max_concurrency)
         self._bodies = asyncio.Semaphore(C.MAX_BODIES_IN_MEMORY)
 
@@ -170,9 +171,11 @@ class Scheduler:
             return list(await asyncio.gather(*(self._send_one(p, deadline) for p in group)))
         try:
             async with self._slots:
-                content_type, content = batch_body([p.body for p in group])
+                content_type, content = batch_body([p.body if self.binary else p.body.inline() for p in group])
                 answer, attempts = await self.core.post_json(self.cfg.batch_url, content, deadline, content_type)
         except APIStatusError as err:
+            if self._binary_refused(err, content_type):
+                return await self._send(group, deadline)
             if err.status_code in REFUSED_AS_A_WHOLE:
                 self.batch.disable(f"the proxy refused a batch: {err}")
                 return await self._send(group, deadline)
@@ -190,10 +193,12 @@ class Scheduler:
     async def _send_one(self, pending: PendingEpisode, deadline: float) -> Outcome:
         try:
             async with self._slots:
-                content_type, content = pending.body.encoded()
+                content_type, content = pending.body.encoded(self.binary)
                 answer, attempts = await self.core.post_json(self.cfg.score_url, content, deadline, content_type)
         except RewardAPIError as err:
             pending.attempts += err.attempts
+            if isinstance(err, APIStatusError) and self._binary_refused(err, content_type):
+                return await self._send_one(pending, deadline)
             return err
         pending.attempts += attempts
         try:
@@ -203,6 +208,16 @@ class Scheduler:
             return parse_score_body(answer, pending.attempts), answer
         except RewardAPIError as err:
             return err
+
+    def _binary_refused(self, err: APIStatusError, content_type: str) -> bool:
+        """A proxy that takes no binary body (older than it) answers 422 on `body`: send inline from now on."""
+        if not (content_type.startswith("multipart/") and err.status_code == 422 and err.field == "body"):
+            return False
+        if self.binary:  # said once; requests already in flight as binary are sent again inline too
+            self.binary = False
+            log.warning("the proxy at %s refused a binary body (%s); sending frames inline (base64) from now on",
+                        self.cfg.base_url, err)
+        return True
 
     @staticmethod
     def _same_for_all(group: list[PendingEpisode], err: RewardAPIError) -> list[Outcome]:

@@ -20,7 +20,7 @@ __all__ = ["PART_PREFIX", "REQUEST_PART", "FormError", "decode_form", "encode_fo
 PART_PREFIX = "part:"
 REQUEST_PART = "request"
 _NAME = re.compile(rb'\bname="([^"\r\n]*)"', re.IGNORECASE)
-_BOUNDARY = re.compile(r'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
+_BOUNDARY = re.compile(r'(?:^|;)\s*boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
 
 
 class FormError(ValueError):

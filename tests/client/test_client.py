@@ -493,3 +493,26 @@ async def test_cancel_while_the_body_is_built_still_deletes_the_temp_mp4(tmp_pat
             await asyncio.sleep(0.05)
     assert len(built) == 1 and built[0] is not None and list(tmp_path.iterdir()) == []
     assert fake.score_requests == []
+
+
+@pytest.mark.parametrize("batch", ["never", "auto"])
+async def test_a_proxy_without_the_binary_body_gets_the_frames_inline_from_then_on(batch, caplog):
+    """An older proxy answers a multipart body 422 on `body`: the client says so once and sends
+    the same episodes inline (base64 JSON), never turning the refusal into fallback rewards."""
+    fake = FakeProxy(score_fn=lambda body, frames: 0.6, batch=True)
+    refused = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.headers["content-type"].startswith("multipart/"):
+            refused.append(request.url.path)
+            return error_response(422, "invalid_request", "the request body is not a JSON object", field="body")
+        return fake.handle(request)
+
+    client = AsyncRewardClient(endpoint="http://proxy.test/score", http_transport=httpx.MockTransport(handle),
+                               batch=batch)
+    async with client:
+        results = await client.score_episodes([(FRAMES, "open the drawer"), (FRAMES, "close it")] * 2)
+        again = await client.score_episode(FRAMES, "open the drawer")
+    assert all(r.ok and r.value == 0.6 for r in [*results, again])
+    assert 1 <= len(refused) <= 4  # the ones already on their way; then inline for the client's life
+    assert sum("sending frames inline" in r.message for r in caplog.records) == 1

@@ -21,7 +21,11 @@ part = st.one_of(
 )
 
 
-@given(system=st.one_of(st.none(), text), parts=st.lists(part, max_size=6), temperature=st.floats(0, 2))
+odd_url = st.builds(lambda u: {"type": "image_url", "image_url": {"url": u}}, text)  # not base64: escaped
+
+
+@given(system=st.one_of(st.none(), text), parts=st.lists(st.one_of(part, odd_url), max_size=6),
+       temperature=st.floats(0, 2))
 def test_the_spliced_body_is_the_json_of_the_body(system, parts, temperature):
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
         {"role": "user", "content": parts}]

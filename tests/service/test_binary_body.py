@@ -13,17 +13,12 @@ import cv2
 import numpy as np
 import pytest
 
+from rlinf_client._frames import encode_npy
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64
 from vlm_protocol.multipart import encode_form
 
 FRAMES = episode_frames(12, 64, 64)
 TASK = "put the bowl on the plate"
-
-
-def _npy_bytes(frames: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, frames, allow_pickle=False)
-    return buffer.getvalue()
 
 
 def _post_form(client, path: str, request: dict, parts: dict[str, tuple[str, bytes]]):
@@ -40,7 +35,7 @@ def test_an_npy_part_scores_like_inline_base64(client, fake_qwen):
     inline = client.post("/score", json={"task_text": TASK, "frames_npy": npy_b64(FRAMES)})
     sent_inline = _upstream_video(fake_qwen)
     binary = _post_form(client, "/score", {"task_text": TASK, "frames_npy": "part:episode"},
-                        {"episode": ("application/x-npy", _npy_bytes(FRAMES))})
+                        {"episode": ("application/x-npy", encode_npy(FRAMES))})
     assert binary.status_code == 200, binary.text
     assert _upstream_video(fake_qwen) == sent_inline
     for key in ("score", "frames"):
@@ -71,6 +66,24 @@ def test_a_final_size_jpeg_is_forwarded_as_is(client, fake_qwen):
     sent = _upstream_video(fake_qwen).partition(";base64,")[2].split(",")
     assert [base64.b64decode(piece) for piece in sent] == jpegs
     assert answer.json()["frames"]["sha256"] == [hashlib.sha256(j).hexdigest() for j in jpegs]
+
+
+def test_a_rotated_jpeg_is_decoded_as_opencv_sees_it_not_forwarded(client, fake_qwen):
+    """EXIF orientation: PIL (and vLLM) would show the stored pixels, OpenCV the rotated ones —
+    such a frame is decoded here, never forwarded with a meaning that depends on the reader."""
+    from PIL import Image
+
+    frames = np.stack([cv2.resize(f, (336, 336)) for f in episode_frames(2, 64, 64)])
+    rotated = []
+    for frame in frames:
+        buffer, exif = io.BytesIO(), Image.Exif()
+        exif[0x0112] = 6  # rotate 90 degrees on display
+        Image.fromarray(frame).save(buffer, "JPEG", exif=exif)
+        rotated.append(buffer.getvalue())
+    answer = client.post("/score", json={"task_text": TASK, "frames": [base64.b64encode(j).decode() for j in rotated]})
+    assert answer.status_code == 200, answer.text
+    sent = [base64.b64decode(p) for p in _upstream_video(fake_qwen).partition(";base64,")[2].split(",")]
+    assert sent != rotated and len(sent) == 2
 
 
 def test_a_json_request_cannot_name_a_part(client, fake_qwen):

@@ -138,6 +138,7 @@ def test_score_with_prefix_end_scores_the_episode_as_if_it_ended_there(client, f
     fake_qwen.fake.state.reply_fn = _reads_the_last_video_frame("score")
     result = client.post("/score", json={"task_text": TASK, "frames_npy": npy_b64(EPISODE), "prefix_end": 9}).json()
     assert result["frames"]["indices"] == list(range(10)) and result["frames"]["source_count"] == COUNT
+    assert result["frames"]["sampled_fps"] == 4.0  # 10 frames sent of a 10-frame prefix, at 4 fps
     assert result["score"] == pytest.approx(_progress(frame_level(EPISODE[9])) / 100, abs=0.011)
     past = client.post("/score", json={"task_text": TASK, "frames_npy": npy_b64(EPISODE), "prefix_end": COUNT})
     assert past.status_code == 422 and past.json()["error"]["field"] == "prefix_end"
