@@ -211,8 +211,8 @@ def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSour
         from PIL import Image
 
         with Image.open(io.BytesIO(raw)) as probe:
-            (width, height), kind, mode = probe.size, probe.format, probe.mode
-            orientation = probe.getexif().get(_EXIF_ORIENTATION, 1)
+            (width, height) = probe.size
+            forwardable = probe.format == "JPEG" and probe.mode == "RGB" and _upright(probe)
     except Exception as err:  # noqa: BLE001 - any PIL failure means "not an image we can read"
         raise MediaDecodeError(f"frames[{position}] is not a PNG/JPEG image",
                                field=f"frames[{position}]") from err
@@ -221,13 +221,21 @@ def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSour
                                f"{limits.max_source_pixels}-pixel cap", field=f"frames[{position}]")
     # A cut JPEG (no end-of-image marker) is decoded here and fails as this request's own error;
     # other damage inside one surfaces as vLLM's 400, a rejected request (tests/real_vllm).
-    if kind == "JPEG" and mode == "RGB" and orientation == 1 and raw.rstrip(b"\x00").endswith(b"\xff\xd9"):
+    if forwardable and raw.rstrip(b"\x00").endswith(b"\xff\xd9"):
         into.sizes[position] = (height, width)  # forwardable: vLLM decodes these bytes to these pixels
         into.jpegs[(position, height, width)] = raw
     else:
         frame = _decode_rgb(raw, position)  # OpenCV applies an EXIF rotation: its shape is the truth
         into.sizes[position] = frame.shape[:2]
         into.frames[position] = frame
+
+
+def _upright(jpeg) -> bool:
+    """No EXIF rotation (OpenCV would apply one, PIL and vLLM would not): its pixels mean one thing."""
+    try:
+        return jpeg.getexif().get(_EXIF_ORIENTATION, 1) == 1
+    except Exception:  # noqa: BLE001 - unreadable EXIF: decode it here rather than forward it
+        return False
 
 
 def _decode_rgb(raw: bytes, position: int) -> np.ndarray:
