@@ -21,8 +21,9 @@ from launchers.detach import run_detached
 from launchers.pidfile import read_pid_file, stop_from_pid_file, up_is_running
 from launchers.plan import Plan, gpu_assignment, plan_stack, ports_in_use
 from launchers.supervisor import Stack, StackFailure, StopRequested
-from proxy.config import Settings, connect_host, load_settings
+from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
+from proxy.launch_config import connect_host
 
 __all__ = ["add_subcommands", "run_down_command", "run_up_command"]
 

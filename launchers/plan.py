@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from launchers.commands import ReplicaCommand, default_limit_mm, replica_commands, url_host
-from proxy.config import WILDCARD_HOSTS, BackendConfig, LaunchConfig, Settings, connect_host, is_loopback
+from proxy.config import BackendConfig, Settings
+from proxy.launch_config import WILDCARD_HOSTS, LaunchConfig, connect_host, is_loopback
 
 __all__ = ["Plan", "gpu_assignment", "gpu_overlaps", "plan_stack", "ports_in_use"]
 

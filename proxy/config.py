@@ -1,8 +1,8 @@
 """The one validated configuration model, loaded from one YAML file.
 
-Longer than 300 lines because it is the whole config file's one model: split, its defaults would
-be scattered. Defaults live here and nowhere else. Every model forbids unknown keys, so a typo fails at
-start-up with the dotted path of the bad key.
+Defaults live here and nowhere else, but for a backend's `launch` section (how `up` starts its
+servers: proxy/launch_config.py). Every model forbids unknown keys (proxy/strict_model.py), so a
+typo fails at start-up with the dotted path of the bad key.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from proxy.errors import ConfigError
+from proxy.launch_config import LaunchConfig
 from proxy.scales import SCORE_MODES
+from proxy.strict_model import PositiveInt
+from proxy.strict_model import StrictModel as _Strict
 from vlm_protocol import strict_yaml
 from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
 
@@ -24,25 +27,6 @@ log = logging.getLogger(__name__)
 
 Layout = Literal["qwen_video", "primo_interleave", "images"]
 ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/scales.py
-PositiveInt = Annotated[int, Field(gt=0)]
-
-
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 and localhost: only this machine can connect."""
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def connect_host(host: str) -> str:
-    """Where to connect to reach a server bound to `host` (a wildcard is reachable on loopback)."""
-    return "127.0.0.1" if host in WILDCARD_HOSTS else host
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 class FrameStoreConfig(_Strict):
     """The exact JPEGs sent to vLLM, kept once each by content hash (what `report` shows and
@@ -165,37 +149,6 @@ class RoutingConfig(_Strict):
     policy: Literal["least_outstanding", "affinity"] = "affinity"
     load_factor: float = Field(1.25, ge=1.0)
     group_slack: int = Field(8, ge=0)  # calls over the bound a replica still takes: one GRPO group
-
-
-class ReplicaLaunch(_Strict):
-    gpus: list[Annotated[int, Field(ge=0)]]
-    port: int = Field(ge=1, le=65535)
-    # More environment for this replica only, over the backend's launch.env (e.g. a CPU server's
-    # VLLM_CPU_OMP_THREADS_BIND, so two replicas on one machine use different cores).
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class LaunchConfig(_Strict):
-    """How `vlm-reward-proxy up` starts this backend's `vllm serve` processes."""
-
-    model_path: str
-    replicas: list[ReplicaLaunch] = Field(min_length=1)
-    tensor_parallel_size: PositiveInt = 1
-    host: str = "127.0.0.1"
-    max_model_len: PositiveInt = 16384  # the seed's, and PRIMO-R1's evaluation's
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
-    limit_mm_per_prompt: dict[str, int] | None = None  # None = derived from the layout
-    seed: int = 0
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _gpus_match_tp(self) -> LaunchConfig:
-        for i, replica in enumerate(self.replicas):
-            if len(replica.gpus) != self.tensor_parallel_size:
-                raise ValueError(f"replicas[{i}].gpus has {len(replica.gpus)} GPUs but "
-                                 f"tensor_parallel_size is {self.tensor_parallel_size}")
-        return self
 
 
 class BackendConfig(_Strict):

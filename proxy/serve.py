@@ -8,8 +8,9 @@ import logging
 import uvicorn
 
 from proxy.app import create_app
-from proxy.config import Settings, is_loopback
+from proxy.config import Settings
 from proxy.errors import ConfigError
+from proxy.launch_config import is_loopback
 
 log = logging.getLogger("vlm_reward_proxy")
 

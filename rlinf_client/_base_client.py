@@ -52,8 +52,7 @@ class ScoreRequestBody:
         body's frames inline instead (for a proxy that takes no binary body)."""
         if self.npy is None or not binary:
             return "application/json", self.inline().to_bytes()
-        return encode_form(json.dumps(self.payload, separators=(",", ":")).encode(),
-                           {BINARY_PART: ("application/x-npy", self.npy)})
+        return npy_form(self.payload, {BINARY_PART: self.npy})
 
     def inline(self) -> ScoreRequestBody:
         """This body with its frames as base64 in the JSON (itself when they are already)."""
@@ -77,6 +76,12 @@ class ScoreRequestBody:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.temp_video)
             self.temp_video = None
+
+
+def npy_form(request: dict[str, Any], npys: dict[str, bytes]) -> tuple[str, bytes]:
+    """(Content-Type, body) of a binary body: the JSON request and its raw .npy parts by name."""
+    return encode_form(json.dumps(request, separators=(",", ":")).encode(),
+                       {name: ("application/x-npy", npy) for name, npy in npys.items()})
 
 
 def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequestBody:

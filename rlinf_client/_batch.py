@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from rlinf_client._base_client import ScoreRequestBody, TransportCore, response_json
-from vlm_protocol.multipart import PART_PREFIX, encode_form
+from rlinf_client._base_client import ScoreRequestBody, TransportCore, npy_form, response_json
+from vlm_protocol.multipart import PART_PREFIX
 
 log = logging.getLogger("rlinf_client")
 
@@ -68,14 +68,14 @@ def batch_body(bodies: list[ScoreRequestBody]) -> tuple[str, bytes]:
     """(Content-Type, body) of POST /score/batch: JSON, or one binary body whose item i names part i."""
     if all(body.npy is None for body in bodies):
         return "application/json", json.dumps({"items": [b.payload for b in bodies]}, separators=(",", ":")).encode()
-    items, parts = [], {}  # the same form as ScoreRequestBody.encoded, one part per episode
+    items, parts = [], {}  # one part per episode, named by its index
     for index, body in enumerate(bodies):
         if body.npy is None:
             items.append(body.payload)
         else:
             items.append({**body.payload, "frames_npy": f"{PART_PREFIX}{index}"})
-            parts[str(index)] = ("application/x-npy", body.npy)
-    return encode_form(json.dumps({"items": items}, separators=(",", ":")).encode(), parts)
+            parts[str(index)] = body.npy
+    return npy_form({"items": items}, parts)
 
 
 def batch_items(answer: Any, count: int) -> list[dict[str, Any]] | None:
