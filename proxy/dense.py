@@ -71,12 +71,14 @@ class DenseResponse(BaseModel):
     usage: dict[str, int]  # token usage summed over the points' scored replies
     timings_ms: dict[str, float]  # load (one decode for every point), total
 
+
 async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float | None = None) -> DenseResponse:
     started = time.perf_counter()
-    points, cap = len(request.prefix_ends or ()) or request.points or DEFAULT_POINTS, scorer.settings.proxy
-    if points > cap.max_batch_items:
-        raise InvalidRequest(f"{points} points is over the cap of {cap.max_batch_items} (proxy.max_batch_items: "
-                             f"k points are k calls)", field="prefix_ends" if request.prefix_ends else "points")
+    points = len(request.prefix_ends or ()) or request.points or DEFAULT_POINTS
+    cap = scorer.settings.proxy.max_batch_items
+    if points > cap:
+        raise InvalidRequest(f"{points} points is over the cap of {cap} (proxy.max_batch_items: k points are k calls)",
+                             field="prefix_ends" if request.prefix_ends else "points")
     backend = scorer.registry.resolve(request.backend)
     cfg = backend.config
     limits = resolve_request(request, cfg, scorer.prompts.get(cfg.prompt), scorer.settings.proxy).limits
