@@ -108,6 +108,16 @@ def start_fake(log_dir: Path, name: str, model: str, *, latency_base_s: float = 
     return server
 
 
+def start_raw_relay(log_dir: Path, upstream_port: int) -> Server:
+    """bench/_raw_relay.py in front of the fake: the floor of a store-and-forward relay."""
+    port = free_port()
+    proc, log = _spawn("raw-relay", [PY, str(ROOT / "bench" / "_raw_relay.py"), "--port", str(port),
+                                     "--upstream", f"{HOST}:{upstream_port}"], log_dir)
+    server = Server("raw-relay", proc, port, log)
+    wait_ready(server, "/health", 30)
+    return server
+
+
 def proxy_config(model: str, endpoints: list[str], *, max_in_flight: int = 64, max_queue: int = 512,
                  media_root: str = "/tmp", retry: dict | None = None, circuit: dict | None = None,
                  health_interval_s: float = 5.0, max_model_len: int | None = 32768) -> dict:

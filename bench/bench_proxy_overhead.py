@@ -1,8 +1,11 @@
 """Pass-through overhead: the same chat request direct to vLLM (the fake), through our proxy's
 /v1/chat/completions, and through LiteLLM's proxy, at concurrency 1 and 32.
 
+`relay floor` is bench/_raw_relay.py: a store-and-forward relay with no routing, parsing,
+retries or metrics (httptools on uvloop), the cost of copying the bytes twice over loopback.
+
 The request is what /score sends for a 16-frame 224×224 episode: one `video_url` part of 16
-JPEGs (~280 KB body), built with proxy.media + proxy.layouts. The fake answers at once (no
+JPEGs (~520 KiB body with the noise below), built with proxy.media + proxy.layouts. The fake answers at once (no
 latency model), so what is measured is each hop's own cost. Fake, proxy and LiteLLM are separate
 processes; this process is the load generator (httpx.AsyncClient, keep-alive, closed loop).
 Cells are interleaved (direct, ours, litellm for each concurrency), so drift on the shared
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,6 +42,7 @@ from bench._common import (  # noqa: E402
     start_fake,
     start_litellm,
     start_proxy,
+    start_raw_relay,
     stop,
     write_json,
 )
@@ -62,15 +67,30 @@ def chat_body(noise: float = 7.5) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def run_cells(targets: dict[str, tuple[str, dict]], body: bytes, n1: int, n32: int, warmup: int) -> list[dict]:
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds of a server process and its children (LiteLLM's worker), 0 without one."""
+    if pid is None:
+        return 0.0
+    process = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in (process, *process.children(recursive=True)))
+
+
+def run_cells(targets: dict[str, tuple[str, dict]], body: bytes, n1: int, n32: int, warmup: int,
+              pids: dict[str, int]) -> list[dict]:
+    """Each cell's latency and throughput, and the CPU the hop's own process spent per request
+    (its relay cost, free of how the 2 cores were shared at that moment)."""
     rows = []
     for concurrency, n in ((1, n1), (32, n32)):
         for name, (url, headers) in targets.items():
+            before = _cpu_s(pids.get(name))
+            warm = max(warmup, concurrency * 2)
             stats = asyncio.run(closed_loop(url, body, concurrency=concurrency, requests=n, headers=headers,
-                                            warmup=max(warmup, concurrency * 2), time_cap_s=180))
-            rows.append({"target": name, **stats})
+                                            warmup=warm, time_cap_s=180))
+            cpu_ms = (_cpu_s(pids.get(name)) - before) * 1e3 / (warm + stats["requests"]) if name in pids else None
+            rows.append({"target": name, **stats, "cpu_ms_per_request": cpu_ms})
             print(f"  c={concurrency:<3} {name:<16} p50 {stats['p50_ms']:7.2f} ms  p99 {stats['p99_ms']:7.2f} ms"
-                  f"  {stats['req_per_s']:7.1f} req/s  errors {stats['errors']}", flush=True)
+                  f"  {stats['req_per_s']:7.1f} req/s  errors {stats['errors']}"
+                  + (f"  cpu {cpu_ms:.2f} ms/req" if cpu_ms is not None else ""), flush=True)
     return rows
 
 
@@ -84,13 +104,15 @@ def summarize(runs: list[list[dict]]) -> list[dict]:
     for (c, target), rs in cells.items():
         out.append({"concurrency": c, "target": target, "runs": len(rs),
                     **{k: statistics.median(r[k] for r in rs) for k in ("p50_ms", "p99_ms", "req_per_s")},
+                    "cpu_ms_per_request": (statistics.median(r["cpu_ms_per_request"] for r in rs)
+                                           if rs[0].get("cpu_ms_per_request") is not None else None),
                     "errors": sum(r["errors"] for r in rs)})
     return out
 
 
 def ratios(summary: list[dict]) -> dict:
     by = {(r["concurrency"], r["target"]): r for r in summary}
-    ours_like = ["ours", *sorted({t for _, t in by if t.startswith("alt:")})]
+    ours_like = ["ours", "relay floor", *sorted({t for _, t in by if t.startswith("alt:")})]
     out: dict = {}
     for c in (1, 32):
         direct = by.get((c, "direct"))
@@ -132,13 +154,15 @@ def main() -> None:
     litellm_note = None
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         log_dir = Path(tmp)
-        fake = proxy = litellm = None
+        fake = proxy = litellm = floor = None
         alts: list = []
         try:
             fake = start_fake(log_dir, "fake", MODEL)
             api_base = f"http://{HOST}:{fake.port}/v1"
             proxy = start_proxy(log_dir, proxy_config(MODEL, [api_base], max_in_flight=256))
+            floor = start_raw_relay(log_dir, fake.port)
             targets = {"direct": (f"{fake.url}/v1/chat/completions", {}),
+                       "relay floor": (f"{floor.url}/v1/chat/completions", {}),
                        "ours": (f"{proxy.url}/v1/chat/completions", {})}
             for root in args.compare_root:
                 label = "alt:" + Path(root).name
@@ -157,23 +181,27 @@ def main() -> None:
                     litellm_note = f"LiteLLM did not start: {err}"
             if litellm_note:
                 print(litellm_note)
+            pids = {"relay floor": floor.pid, "ours": proxy.pid, **({"litellm": litellm.pid} if litellm else {}),
+                    **{f"alt:{Path(root).name}": alt.pid for root, alt in zip(args.compare_root, alts, strict=True)}}
             runs = []
             for i in range(args.runs):
                 print(f"run {i + 1}/{args.runs}", flush=True)
-                runs.append(run_cells(targets, body, args.n1, args.n32, args.warmup))
+                runs.append(run_cells(targets, body, args.n1, args.n32, args.warmup, pids))
         finally:
-            for server in (litellm, *alts, proxy, fake):
+            for server in (litellm, *alts, proxy, floor, fake):
                 stop(server)
 
     summary = summarize(runs)
     rat = ratios(summary)
     print(f"\nmedian of {args.runs} run(s); body {len(body) / 1024:.0f} KiB")
-    print(f"{'c':>3} {'target':<16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'x direct':>9}")
+    print(f"{'c':>3} {'target':<16} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'added p50':>10} {'x direct':>9}"
+          f" {'cpu ms/req':>10}")
     direct = {r["concurrency"]: r for r in summary if r["target"] == "direct"}
     for r in summary:
         d = direct[r["concurrency"]]
         print(f"{r['concurrency']:>3} {r['target']:<16} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['req_per_s']:8.1f} "
-              f"{r['p50_ms'] - d['p50_ms']:10.2f} {r['req_per_s'] / d['req_per_s']:9.2f}")
+              f"{r['p50_ms'] - d['p50_ms']:10.2f} {r['req_per_s'] / d['req_per_s']:9.2f}"
+              + (f" {r['cpu_ms_per_request']:10.2f}" if r["cpu_ms_per_request"] is not None else ""))
     for key, value in rat.items():
         if "over_litellm" in key:
             print(f"{key}: {value:.3f}")

@@ -20,6 +20,7 @@ from launchers.commands import shell_line, url_host
 from launchers.detach import run_detached
 from launchers.pidfile import read_pid_file, stop_from_pid_file, up_is_running
 from launchers.plan import Plan, gpu_assignment, plan_stack, ports_in_use
+from launchers.ray_up import ray_plan_errors, run_up_ray
 from launchers.supervisor import Stack, StackFailure, StopRequested
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
@@ -74,6 +75,15 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--logs", choices=["none", "proxy", "all"], default="proxy",
                     help="child logs echoed to the console with a [name] prefix (default proxy); "
                          "every log is always written to the run directory")
+    up.add_argument("--ray", default=None, metavar="ADDRESS",
+                    help="place the replicas on this Ray cluster (e.g. auto, or HEAD_IP:6379): a placement "
+                         "group per replica, its `vllm serve` in a named actor on the node Ray chose, with "
+                         "the GPUs Ray assigned; needs the [ray] extra and api keys (docs/ray.md)")
+    up.add_argument("--ray-resource", default=None, metavar="NAME",
+                    help="with --ray: place replicas only on nodes declaring this custom resource (one "
+                         "unit per replica), e.g. nodes kept apart from RLinf's (docs/ray.md)")
+    up.add_argument("--max-restarts", type=int, default=2, metavar="N",
+                    help="with --ray: restart a replica that dies at most N times, then remove it (default 2)")
     up.add_argument("--detach", action="store_true",
                     help="run the stack in the background; return once it is ready (0) or "
                          "failed (non-zero); stop it with `down`")
@@ -119,22 +129,24 @@ def run_up_command(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(config_path)
         plan = plan_stack(settings, os.environ, allow_gpu_overlap=args.allow_gpu_overlap,
-                          vllm=vllm, strict=False)
+                          vllm=vllm, strict=False, placed_by_ray=bool(args.ray))
     except ConfigError as err:
         warn(f"error: {err.message}")
         return 2
-    endpoints = [(c.host, c.port, c.name) for c in plan.commands]
+    endpoints = [] if args.ray else [(c.host, c.port, c.name) for c in plan.commands]  # Ray's are on its nodes
+    if args.ray:
+        plan.errors += ray_plan_errors(plan, settings, os.environ, with_proxy=not args.no_proxy)
     if not args.no_proxy:
         endpoints.append((settings.proxy.host, settings.proxy.port, "proxy"))
     if args.dry_run:
-        print_plan(plan, settings, config_path, Path(args.runs_dir), not args.no_proxy)
+        print_plan(plan, settings, config_path, Path(args.runs_dir), not args.no_proxy, ray=args.ray)
         for error in ports_in_use(endpoints):
             say(f"note: {error}")
         return 2 if plan.errors else 0
     errors = list(plan.errors)
     if not errors:
         errors += ports_in_use(endpoints)
-        if shutil.which(vllm) is None:
+        if shutil.which(vllm) is None and not args.ray:  # under Ray, it must be on the nodes' PATH
             errors.append(f"vllm executable {vllm!r} not found (activate the vLLM environment, "
                           "or pass --vllm /path/to/vllm or set VLLM_BIN)")
     pid_file = _pid_file(args)
@@ -154,6 +166,9 @@ def run_up_command(args: argparse.Namespace) -> int:
         "".join(f"# {c.name}\n{c.shell_line()}\n" for c in plan.commands))
     if args.detach:
         return _detach(args, config_path, run_dir, pid_file, vllm)
+    if args.ray:
+        return run_up_ray(plan, settings, config_path, run_dir, pid_file, args, say=say, warn=warn,
+                          proxy_argv=proxy_argv(config_path), proxy_url=_proxy_url(settings))
     return run_up(plan, settings, config_path, run_dir, pid_file, args)
 
 
@@ -199,16 +214,20 @@ def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid
 
 
 def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path,
-               with_proxy: bool) -> None:
+               with_proxy: bool, ray: str | None = None) -> None:
     log_dir = runs_dir / "<timestamp>"
     say(f"dry run of {config_path}: nothing is started")
+    if ray:
+        say(f"placed by the Ray cluster at {ray}: a placement group per replica, its GPUs on one node; "
+            "each line below runs there with --host set to the node's address and CUDA_VISIBLE_DEVICES "
+            "to the GPUs Ray assigns")
     parent_visible = next((c.parent_visible for c in plan.commands if c.parent_visible), None)
     visible = [d.strip() for d in parent_visible.split(",")] if parent_visible else []
     if parent_visible:
         say(f"this process has CUDA_VISIBLE_DEVICES={parent_visible}: replicas[].gpus are "
             "positions in that list")
-    say("GPU assignment:")
-    for gpu, names in gpu_assignment(plan.commands).items():
+    say("GPU assignment:" if not ray else "GPU assignment: by Ray")
+    for gpu, names in {} if ray else gpu_assignment(plan.commands).items():
         where = f" (device {visible[gpu]})" if gpu < len(visible) else ""
         say(f"  GPU {gpu}{where}: {', '.join(names)}"
             + ("   <-- OVERLAP" if len(names) > 1 else ""))
@@ -229,7 +248,8 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
         say(f"warning: {line}")
     for line in plan.errors:
         say(f"error: {line}")
-    say("checks: ok (no GPU overlap, no port clash, endpoints match)" if not plan.errors
+    ok = "keys set, no port clash" if ray else "no GPU overlap, no port clash, endpoints match"
+    say(f"checks: ok ({ok})" if not plan.errors
         else f"checks: {len(plan.errors)} error(s)")
 
 
@@ -242,6 +262,8 @@ def _detach(args: argparse.Namespace, config_path: Path, run_dir: Path, pid_file
             "--poll-interval", str(args.poll_interval),
             "--progress-interval", str(args.progress_interval), "--logs", args.logs,
             *(["--no-proxy"] if args.no_proxy else []),
+            *(["--ray", args.ray, "--max-restarts", str(args.max_restarts)] if args.ray else []),
+            *(["--ray-resource", args.ray_resource] if args.ray_resource else []),
             *(["--allow-gpu-overlap"] if args.allow_gpu_overlap else [])]
     return run_detached(argv, run_dir=run_dir, pid_file=pid_file,
                         poll_interval_s=args.poll_interval, say=say, warn=warn)

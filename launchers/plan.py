@@ -27,8 +27,11 @@ class Plan:
 
 
 def plan_stack(settings: Settings, env: Mapping[str, str], *, allow_gpu_overlap: bool = False,
-               vllm: str = "vllm", strict: bool = True) -> Plan:
-    """Every launched replica, plus the errors that must stop `up` and the warnings it prints."""
+               vllm: str = "vllm", strict: bool = True, placed_by_ray: bool = False) -> Plan:
+    """Every launched replica, plus the errors that must stop `up` and the warnings it prints.
+
+    placed_by_ray: Ray chooses each replica's node and GPUs (replicas[].gpus gives only how many)
+    and its endpoint is known once placed, so GPU overlaps and endpoint matches are not checked."""
     plan = Plan()
     for name, backend in settings.backends.items():
         if backend.launch is None:
@@ -37,12 +40,13 @@ def plan_stack(settings: Settings, env: Mapping[str, str], *, allow_gpu_overlap:
         commands, errors = replica_commands(name, backend, env, vllm=vllm, strict=strict)
         plan.commands += commands
         plan.errors += errors
-        plan.errors += _endpoint_errors(name, backend, backend.launch)
-        plan.warnings += _backend_warnings(name, backend, backend.launch)
+        if not placed_by_ray:
+            plan.errors += _endpoint_errors(name, backend, backend.launch)
+        plan.warnings += _backend_warnings(name, backend, backend.launch, placed_by_ray)
     if not plan.commands:
         plan.errors.append("no backend has a launch section: nothing to start")
     plan.errors += _port_clashes(plan.commands, settings)
-    overlaps = gpu_overlaps(plan.commands)
+    overlaps = [] if placed_by_ray else gpu_overlaps(plan.commands)
     if allow_gpu_overlap:
         plan.warnings += [f"{o} (allowed by --allow-gpu-overlap)" for o in overlaps]
     else:
@@ -113,10 +117,10 @@ def _endpoint_errors(name: str, backend: BackendConfig, launch: LaunchConfig) ->
     return errors
 
 
-def _backend_warnings(name: str, backend: BackendConfig, launch: LaunchConfig) -> list[str]:
+def _backend_warnings(name: str, backend: BackendConfig, launch: LaunchConfig, placed_by_ray: bool) -> list[str]:
     warnings = []
     launched_ports = {r.port for r in launch.replicas}
-    for url in backend.endpoints:
+    for url in [] if placed_by_ray else backend.endpoints:  # under Ray, the placed replicas replace them
         if urlsplit(url).port not in launched_ports:
             warnings.append(f"backend {name}: endpoint {url} is not started by `up` "
                             "(it must be served by something else)")

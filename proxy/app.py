@@ -1,5 +1,5 @@
-"""`create_app(settings)`: the FastAPI app, wired from plain objects. Routes are in routes.py,
-the error mapping in http_errors.py, the edge concerns in edge.py."""
+"""`create_app(settings)`: the FastAPI app, wired from plain objects. Routes are in routes.py (the
+admin routes in admin.py), the error mapping in http_errors.py, the edge concerns in edge.py."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from proxy import admin
 from proxy.backends import BackendRegistry
 from proxy.binary_body import BinaryBody
 from proxy.compare import Comparer
@@ -27,7 +28,7 @@ from proxy.prompts import PromptStore
 from proxy.routes import router
 from proxy.scoring import Scorer
 from proxy.shutdown import ShutdownGate
-from proxy.upstream import UpstreamClient, open_http_clients
+from proxy.upstream import UpstreamClient, open_probe_client, open_session
 
 log = logging.getLogger("vlm_reward_proxy")
 
@@ -66,10 +67,10 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            clients = [await stack.enter_async_context(c) for c in open_http_clients()]
-            upstream = UpstreamClient(clients)
+            upstream = UpstreamClient(await stack.enter_async_context(open_session()))
+            probe_client = await stack.enter_async_context(open_probe_client())
             registry = BackendRegistry(settings)
-            prober = Prober(registry, lambda: upstream.http, interval_s=settings.proxy.health_interval_s,
+            prober = Prober(registry, probe_client, interval_s=settings.proxy.health_interval_s,
                             timeout_s=settings.proxy.health_timeout_s)
             app.state.settings = settings
             app.state.metrics = metrics
@@ -98,6 +99,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
     app.include_router(router)
+    app.include_router(admin.router)
     install_handlers(app)
     install_openapi(app, settings, prompts)
     # Added before the Edge, so inside it: the cap, auth and request id come first.

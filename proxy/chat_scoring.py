@@ -54,17 +54,15 @@ class ChatScoring:
     top_level: frozenset[str]  # sampling fields sent at the top level (as RLinf's sampling_params are)
 
 
-def scoring_body(raw_body: bytes) -> dict[str, Any] | None:
-    """The parsed body when it names a scoring model; None for the pass-through (whose bodies
-    are not parsed twice unless they hold the prefix somewhere)."""
-    if SCORE_PREFIX.encode() not in raw_body:
+def scoring_body(raw_body: bytes, model: str) -> dict[str, Any] | None:
+    """The parsed body when `model` (read by the pass-through's routing) names a scoring model;
+    None for the pass-through, whose bodies are never parsed whole."""
+    if not model.startswith(SCORE_PREFIX):
         return None
     try:
-        body = json.loads(raw_body)
-    except ValueError:
-        return None  # the pass-through answers malformed JSON
-    model = body.get("model") if isinstance(body, dict) else None
-    return body if isinstance(model, str) and model.startswith(SCORE_PREFIX) else None
+        return json.loads(raw_body)  # routing checked the structure, not every value
+    except ValueError as err:
+        raise InvalidRequest(f"the request body is not valid JSON ({err})", field="body") from err
 
 
 def model_cards(registry: BackendRegistry) -> list[dict[str, Any]]:

@@ -8,10 +8,14 @@ __all__ = ["add_subcommands"]
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
     from proxy.config import load_settings
     from proxy.serve import serve
 
-    serve(load_settings(args.config), host=args.host, port=args.port, log_level=args.log_level,
+    endpoints = json.loads(Path(args.endpoints).read_text()) if args.endpoints else None
+    serve(load_settings(args.config, endpoints), host=args.host, port=args.port, log_level=args.log_level,
           access_log=args.access_log)
     return 0
 
@@ -40,6 +44,9 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
                        help="address to bind; default: proxy.host from the config (127.0.0.1)")
     serve.add_argument("--port", type=int, default=None,
                        help="port to bind; default: proxy.port from the config (18080)")
+    serve.add_argument("--endpoints", default=None, metavar="FILE",
+                       help="JSON {backend: [url, ...]} replacing those backends' endpoints "
+                            "(written by `up --ray` once Ray has placed the replicas)")
     serve.add_argument("--log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug"],
                        help="server log level (default: info)")

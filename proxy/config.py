@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -27,6 +29,16 @@ log = logging.getLogger(__name__)
 
 Layout = Literal["qwen_video", "primo_interleave", "images"]
 ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/scales.py
+# What an endpoint URL looks like (config and POST /admin/endpoints; the API document states it).
+ENDPOINT_URL_PATTERN = r"^https?://[^/]"
+
+
+def endpoint_url(url: str) -> str:
+    """An endpoint's OpenAI base URL as the pool keeps it (no trailing slash), or ValueError."""
+    if not re.search(ENDPOINT_URL_PATTERN, url):
+        raise ValueError(f"endpoint {url!r} must start with http:// or https:// and a host")
+    return url.rstrip("/")
+
 
 class FrameStoreConfig(_Strict):
     """The exact JPEGs sent to vLLM, kept once each by content hash (what `report` shows and
@@ -177,10 +189,7 @@ class BackendConfig(_Strict):
     @field_validator("endpoints")
     @classmethod
     def _endpoints_are_http(cls, v: list[str]) -> list[str]:
-        for url in v:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"endpoint {url!r} must start with http:// or https://")
-        return [url.rstrip("/") for url in v]
+        return [endpoint_url(url) for url in v]
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -249,9 +258,17 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
     return settings.model_copy(update={"proxy": proxy})
 
 
-def load_settings(path: str | Path) -> Settings:
+def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = None) -> Settings:
+    """The config file, validated; `endpoints` replaces named backends' endpoint lists (`up --ray`
+    knows them only once Ray has placed the replicas)."""
     path = Path(path)
-    return settings_from_dict(read_config(path), base_dir=path.parent.resolve(), source=str(path))
+    data = read_config(path)
+    for name, urls in (endpoints or {}).items():
+        backend = (data.get("backends") or {}).get(name)
+        if not isinstance(backend, dict):
+            raise ConfigError(f"endpoints given for backend {name!r}, which config {path} does not define")
+        backend["endpoints"] = list(urls)
+    return settings_from_dict(data, base_dir=path.parent.resolve(), source=str(path))
 
 
 def read_config(path: Path) -> dict:

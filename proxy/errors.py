@@ -10,6 +10,7 @@
     │   └── TokenBudgetExceeded   422  token_budget
     ├── PayloadTooLarge           413  payload_too_large
     ├── Unauthorized              401  unauthorized         (proxy.api_key_env set, token wrong)
+    ├── AdminDisabled             403  admin_disabled       (/admin/* on a proxy without proxy.api_key_env)
     ├── UnknownBackend            404  unknown_backend
     ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
     ├── Overloaded                429  overloaded           (retryable)
@@ -101,6 +102,12 @@ class TokenBudgetExceeded(InvalidRequest):
 
 class Unauthorized(ProxyError):
     code = "unauthorized"
+
+
+class AdminDisabled(ProxyError):
+    """The admin routes change what the proxy serves: never without a bearer token."""
+
+    code = "admin_disabled"
 
 
 class RouteNotFound(ProxyError):

@@ -6,6 +6,8 @@ API key: `vllm serve --api-key` guards /v1) lists the served model name. `probe`
 `Prober` runs it for every endpoint of every backend in the background: results feed each
 endpoint's circuit (a failed probe counts like a failed request) and are cached, so `GET
 /health` answers from the cache without calling upstream. The loop logs and survives anything.
+Each round probes the pools' endpoints as they are then (endpoints come and go at run time:
+proxy/admin.py); the results of endpoints no longer in a pool are dropped.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, ti
         served = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else None
     except httpx.ConnectError:
         return not_ready("connection refused (not started, or still loading)")
+    except httpx.InvalidURL as err:  # an endpoint added at run time may be no URL httpx can call
+        return not_ready(f"not a URL that can be called: {err}")
     except httpx.HTTPError as err:
         return not_ready(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
     except (ValueError, AttributeError):
@@ -79,9 +83,9 @@ async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, ti
 class Prober:
     """Probe every endpoint every `interval_s`; keep the latest result per endpoint."""
 
-    def __init__(self, registry: Any, http_for: Any, *, interval_s: float, timeout_s: float) -> None:
+    def __init__(self, registry: Any, http: httpx.AsyncClient, *, interval_s: float, timeout_s: float) -> None:
         self.registry = registry  # proxy.backends.BackendRegistry
-        self._http_for = http_for  # () -> httpx.AsyncClient
+        self.http = http
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.results: dict[tuple[str, str], Readiness] = {}  # (backend, endpoint url) -> latest
@@ -90,12 +94,24 @@ class Prober:
         checks = [(backend, endpoint) for backend in self.registry.backends.values()
                   for endpoint in backend.pool.endpoints]
         outcomes = await asyncio.gather(*(
-            probe(self._http_for(), endpoint.base_url, backend.config.model, timeout_s=self.timeout_s,
+            probe(self.http, endpoint.base_url, backend.config.model, timeout_s=self.timeout_s,
                   api_key=backend.config.api_key())
             for backend, endpoint in checks))
         for (backend, endpoint), readiness in zip(checks, outcomes, strict=True):
-            self.results[(backend.name, endpoint.base_url)] = readiness
-            backend.pool.record_probe(endpoint, readiness.ready, readiness.reason)
+            if any(e is endpoint for e in backend.pool.endpoints):  # not removed during the round
+                self.results[(backend.name, endpoint.base_url)] = readiness
+                backend.pool.record_probe(endpoint, readiness.ready, readiness.reason)
+        self.prune()
+
+    def prune(self) -> None:
+        """Drop the results of endpoints that left their pool (removed at run time, drained)."""
+        present = {(b.name, e.base_url) for b in self.registry.backends.values() for e in b.pool.endpoints}
+        for key in self.results.keys() - present:
+            del self.results[key]
+
+    def forget(self, backend: str, endpoint: str) -> None:
+        """Drop one endpoint's result (one added anew is "not probed yet" until the next round)."""
+        self.results.pop((backend, endpoint), None)
 
     async def run_until(self, stop: asyncio.Event) -> None:
         """Probe every `interval_s` until `stop` is set. Stopping waits for the round in flight

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 _SCORE_BUCKETS = tuple(i / 10 for i in range(1, 11))
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ENDPOINT_STATES = ("ready", "open", "draining")  # proxy.pool.Endpoint.rotation()
+ENDPOINT_CHANGES = ("added", "removed")
 
 
 class Metrics:
@@ -47,6 +52,13 @@ class Metrics:
                                         ["backend", "endpoint"], registry=r)
         self.circuit_open = Gauge("vlm_proxy_circuit_open", "1 while an endpoint is out of rotation",
                                   ["backend", "endpoint"], registry=r)
+        self.endpoints = Gauge("vlm_proxy_endpoints", "Endpoints of a backend by state: ready (in rotation), "
+                               "open (circuit open or half-open), draining (removed at run time, calls "
+                               "still in flight)", ["backend", "state"], registry=r)
+        self.endpoint_changes = Counter("vlm_proxy_endpoint_changes_total", "Endpoints added and removed at run "
+                                        "time (POST /admin/endpoints; a removal counts when asked, the "
+                                        "endpoint leaves once drained)", ["backend", "change"], registry=r)
+        self._endpoint_series: dict[str, set[str]] = {}  # backend -> endpoints with per-endpoint series
         self.routed = Gauge("vlm_proxy_routed_calls", "Upstream calls by routing decision since start: affinity "
                             "(the group's replica), spilled (a group's call sent elsewhere: load bound or down), "
                             "least_outstanding (no group, or routing.policy least_outstanding)",
@@ -63,6 +75,25 @@ class Metrics:
         self.frame_store_errors = Counter("vlm_proxy_frame_store_errors_total",
                                           "Episodes whose frames the store could not keep (full, os_error)",
                                           ["reason"], registry=r)
+
+    def observe_endpoints(self, backend: str, endpoints: Iterable[Any]) -> None:
+        """The gauges of one backend's endpoints (proxy.pool.Endpoint), on a change and at each
+        scrape; the per-endpoint series of endpoints that left the pool are dropped."""
+        endpoints = list(endpoints)
+        present = {e.base_url for e in endpoints}
+        for url in self._endpoint_series.get(backend, set()) - present:
+            for gauge in (self.endpoint_in_flight, self.circuit_open):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(backend, url)
+        self._endpoint_series[backend] = present
+        for endpoint in endpoints:
+            self.endpoint_in_flight.labels(backend, endpoint.base_url).set(endpoint.in_flight)
+            self.circuit_open.labels(backend, endpoint.base_url).set(int(endpoint.circuit_open))
+        states = collections.Counter(e.rotation() for e in endpoints)
+        for state in ENDPOINT_STATES:
+            self.endpoints.labels(backend, state).set(states[state])
+        for change in ENDPOINT_CHANGES:  # present from the first scrape, at 0
+            self.endpoint_changes.labels(backend, change)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

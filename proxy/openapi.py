@@ -113,6 +113,8 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
                                                "properties": {"points": {"type": "integer"},
                                                               "prefix_ends": {"type": "array"}}})
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
+    schemas["EndpointChange"]["properties"]["backend"] = {  # POST /admin/endpoints
+        "enum": labels, "description": "a backend's name, served model name or alias"}
     _complete_compare(schemas, settings, prompts, labels)
     return document
 

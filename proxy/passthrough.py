@@ -11,20 +11,19 @@ the upstream response (`RelayedStream`).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.backends import Backend, BackendRegistry
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
+from proxy.json_peek import Field, NotJsonObject, peek_fields, splice
 from proxy.observe import Metrics
 from proxy.pool import Reservation
 from proxy.retry import Attempt, call_with_retries
-from proxy.upstream import UpstreamClient, translate_status
+from proxy.upstream import UpstreamAnswer, UpstreamClient, UpstreamStream, translate_status
 
 
 @dataclass
@@ -72,6 +71,31 @@ class RelayedStream(StreamingResponse):
             await self.close()
 
 
+@dataclass(frozen=True)
+class RoutingFields:
+    """What routing reads of a chat body: `model` (its value and span) and whether it streams."""
+
+    model: Field
+    stream: bool
+
+
+def routing_fields(raw_body: bytes) -> RoutingFields:
+    """A chat body's `model` and `stream`, without parsing its megabytes of frames; 422 when the
+    body is not one JSON object with a string `model`."""
+    try:
+        fields = peek_fields(raw_body, _ROUTING)
+    except NotJsonObject as err:
+        raise InvalidRequest(f"the request body is not valid JSON ({err})", field="body") from err
+    model = fields.get("model")
+    if model is None or not isinstance(model.value, str):
+        raise InvalidRequest("body must be a JSON object with a string 'model'", field="model")
+    stream = fields.get("stream")
+    return RoutingFields(model, bool(stream is not None and stream.value))
+
+
+_ROUTING = frozenset({"model", "stream"})
+
+
 class ChatPassthrough:
     def __init__(self, registry: BackendRegistry, upstream: UpstreamClient, metrics: Metrics) -> None:
         self.registry = registry
@@ -86,33 +110,26 @@ class ChatPassthrough:
                              "root": backend.config.model, "backend": backend.name})
         return {"object": "list", "data": data}
 
-    async def relay(self, raw_body: bytes, *, budget_s: float | None = None) -> Relayed:
-        try:
-            request = json.loads(raw_body)
-        except ValueError as err:
-            raise InvalidRequest("the request body is not valid JSON", field="body") from err
-        if not isinstance(request, dict) or not isinstance(request.get("model"), str):
-            raise InvalidRequest("body must be a JSON object with a string 'model'", field="model")
-        backend = self.registry.resolve(request["model"], field="model")
+    async def relay(self, raw_body: bytes, request: RoutingFields, *, budget_s: float | None = None) -> Relayed:
+        backend = self.registry.resolve(request.model.value, field="model")
         backend.pool.check_admission()
-        if request["model"] != backend.config.model:
-            request["model"] = backend.config.model
-            raw_body = json.dumps(request, separators=(",", ":")).encode()
-        if request.get("stream"):
+        if request.model.value != backend.config.model:  # an alias: vLLM knows the served name only
+            raw_body = splice(raw_body, request.model, backend.config.model)
+        if request.stream:
             return await self._relay_stream(backend, raw_body, budget_s)
         return await self._relay_whole(backend, raw_body, budget_s)
 
-    def _count_answer(self, backend: Backend, endpoint_url: str, status: int, response: httpx.Response) -> None:
+    def _count_answer(self, backend: Backend, endpoint_url: str, answer: UpstreamAnswer | UpstreamStream) -> None:
         """A 2xx is ok; a 4xx vLLM answered is relayed as is, but counted as what it is."""
-        if status >= 400:
-            err = translate_status(response, endpoint_url)
+        if isinstance(answer, UpstreamAnswer) and answer.status_code >= 400:
+            err = translate_status(answer, endpoint_url)
             code = err.code if isinstance(err, UpstreamError) else UpstreamRejected.code
             self.metrics.upstream_calls.labels(backend.name, endpoint_url, code).inc()
         else:
             self.metrics.upstream_calls.labels(backend.name, endpoint_url, "ok").inc()
 
     async def _forward(self, backend: Backend, body: bytes, attempt: Attempt, *,
-                       stream: bool) -> tuple[Reservation, httpx.Response]:
+                       stream: bool) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
         """One upstream call on a reserved slot; the caller releases the reservation."""
         pool = backend.pool
         reservation = await pool.reserve(attempt.avoid)
@@ -128,14 +145,14 @@ class ChatPassthrough:
         except BaseException:
             pool.release(reservation, ok=False)
             raise
-        self._count_answer(backend, endpoint.base_url, response.status_code, response)
+        self._count_answer(backend, endpoint.base_url, response)
         return reservation, response
 
     async def _relay_whole(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
-        async def send(attempt: Attempt) -> httpx.Response:
+        async def send(attempt: Attempt) -> UpstreamAnswer | UpstreamStream:
             reservation, response = await self._forward(backend, body, attempt, stream=False)
             backend.pool.release(reservation, ok=True)
-            return response
+            return response  # read whole: not streamed, so an UpstreamAnswer
 
         response, _, calls = await call_with_retries(backend.config.retry, send, lambda r: r, budget_s=budget_s)
         return Relayed(backend.name, response.status_code, response.content, None,
@@ -145,16 +162,16 @@ class ChatPassthrough:
         """Hold the endpoint slot until the last byte; retry only while nothing was sent."""
         pool = backend.pool
 
-        async def send(attempt: Attempt) -> tuple[Reservation, httpx.Response]:
+        async def send(attempt: Attempt) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
             return await self._forward(backend, body, attempt, stream=True)
 
         (reservation, response), _, calls = await call_with_retries(backend.config.retry, send, lambda r: r,
                                                                     budget_s=budget_s)
-        media_type = response.headers.get("content-type", "text/event-stream")
-        if response.status_code != 200:  # forward() already read and closed it
+        if isinstance(response, UpstreamAnswer):  # not a 200: forward() read it whole
             pool.release(reservation, ok=True)
             return Relayed(backend.name, response.status_code, response.content, None,
                            response.headers.get("content-type", "application/json"), calls)
+        media_type = response.headers.get("content-type", "text/event-stream")
 
         async def cleanup(finished: bool) -> None:
             try:
@@ -162,6 +179,6 @@ class ChatPassthrough:
             finally:
                 pool.release(reservation, ok=finished)
 
-        stream = RelayedStream(response.aiter_raw(), cleanup, media_type=media_type,
+        stream = RelayedStream(response.chunks(), cleanup, media_type=media_type,
                                headers={"x-upstream-attempts": str(calls)})
         return Relayed(backend.name, 200, None, stream, media_type, calls)

@@ -12,6 +12,10 @@
   breakage: it does not count. The endpoint remembers why it opened (`last_failure`).
 - No usable endpoint at all (every circuit open) fails fast with UpstreamUnavailable, marked
   retryable (no upstream call was made) with a Retry-After of the earliest cool-down's end.
+- Endpoints come and go at run time (`add`, `remove`: POST /admin/endpoints). Removing drains:
+  the endpoint takes no new call (nor a half-open trial, nor a group's), the calls in flight on
+  it end normally, and it leaves `endpoints` when the last one does. Adding wakes the queue. A
+  backend with no endpoint left answers UpstreamUnavailable (retryable) at once, never a hang.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Endpoint:
     open_until: float = 0.0  # monotonic; 0 = circuit closed
     trial_in_flight: bool = False
     last_failure: str | None = None  # why the last request or probe failed, for messages
+    draining: bool = False  # removed at run time: no new calls; gone from the pool when the last ends
 
     @property
     def circuit_open(self) -> bool:
@@ -49,6 +54,12 @@ class Endpoint:
         if not self.circuit_open:
             return "closed"
         return "half_open" if time.monotonic() >= self.open_until else "open"
+
+    def rotation(self) -> str:
+        """ready (in rotation), open (circuit open or half-open) or draining (/metrics' states)."""
+        if self.draining:
+            return "draining"
+        return "open" if self.circuit_open else "ready"
 
 
 class Reservation(NamedTuple):
@@ -70,14 +81,14 @@ class EndpointPool:
 
     # -- choosing -----------------------------------------------------------------------------
     def _usable(self, endpoint: Endpoint, now: float) -> bool:
-        if endpoint.in_flight >= self.admission.max_in_flight_per_endpoint:
+        if endpoint.draining or endpoint.in_flight >= self.admission.max_in_flight_per_endpoint:
             return False
         if not endpoint.circuit_open:
             return True
         return now >= endpoint.open_until and not endpoint.trial_in_flight  # half-open: one trial
 
     def _any_alive(self, now: float) -> bool:
-        return any(not e.circuit_open or now >= e.open_until for e in self.endpoints)
+        return any(not e.draining and (not e.circuit_open or now >= e.open_until) for e in self.endpoints)
 
     def _choose(self, avoid: set[str], key: str | None = None) -> Reservation | None:
         now = time.monotonic()
@@ -107,7 +118,7 @@ class EndpointPool:
         `group_slack` — at low load a whole group stays together rather than spreading at once."""
         total = sum(e.in_flight for e in candidates) + 1
         bound = math.ceil(self.routing.load_factor * total / len(candidates)) + self.routing.group_slack
-        ranked = sorted(self.endpoints, reverse=True,  # over all: "affinity" means the key's own replica
+        ranked = sorted((e for e in self.endpoints if not e.draining), reverse=True,  # the key's own replica
                         key=lambda e: hashlib.blake2b(f"{key}|{e.base_url}".encode(), digest_size=8).digest())
         for endpoint in ranked:
             if endpoint in candidates and endpoint.in_flight + 1 <= bound:
@@ -171,9 +182,12 @@ class EndpointPool:
             front = woken.done() and not woken.cancelled()  # woken but beaten to it: keep its place
 
     def _all_down(self) -> UpstreamUnavailable:
-        now = time.monotonic()
-        reopens = max(0.0, min(e.open_until for e in self.endpoints) - now)
-        causes = "; ".join(f"{e.base_url}: {e.last_failure or 'unknown'}" for e in self.endpoints)
+        now, live = time.monotonic(), [e for e in self.endpoints if not e.draining]
+        if not live:
+            return UpstreamUnavailable("this backend has no endpoints: all were removed at run time "
+                                       "(POST /admin/endpoints adds one)", retryable=True, retry_after_s=1.0)
+        reopens = max(0.0, min(e.open_until for e in live) - now)
+        causes = "; ".join(f"{e.base_url}: {e.last_failure or 'unknown'}" for e in live)
         return UpstreamUnavailable(
             f"every endpoint of this backend is out of rotation ({causes}); the first may be tried "
             f"again in {reopens:.1f}s", retryable=True, retry_after_s=max(1.0, reopens))
@@ -185,14 +199,48 @@ class EndpointPool:
             endpoint.trial_in_flight = False
         if ok:
             self.record_success(endpoint)
+        if endpoint.draining and endpoint.in_flight == 0:
+            self.endpoints.remove(endpoint)  # drained: the last call on it ended
         self._notify()
 
-    def _notify(self) -> None:
+    def _notify(self, everyone: bool = False) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                return
+                if not everyone:
+                    return
+
+    # -- endpoints added and removed at run time ----------------------------------------------
+    def find(self, url: str) -> Endpoint | None:
+        return next((e for e in self.endpoints if e.base_url == url), None)
+
+    def add(self, url: str) -> bool:
+        """Put `url` in rotation: a new endpoint, or a draining one (its drain is cancelled; its
+        circuit and calls in flight are kept). False: it already is in rotation (nothing done)."""
+        endpoint = self.find(url)
+        if endpoint is not None and not endpoint.draining:
+            return False
+        if endpoint is None:
+            self.endpoints.append(Endpoint(url))
+        else:
+            endpoint.draining = False
+        self._notify(everyone=True)  # the queue may proceed on it
+        return True
+
+    def remove(self, url: str) -> bool:
+        """Take `url` out of rotation: no new calls; it leaves `endpoints` when its calls in flight
+        have ended (at once when there are none). False: it already drains. KeyError: not an endpoint."""
+        endpoint = self.find(url)
+        if endpoint is None:
+            raise KeyError(url)
+        if endpoint.draining:
+            return False
+        endpoint.draining = True
+        if endpoint.in_flight == 0:
+            self.endpoints.remove(endpoint)
+        self._notify(everyone=True)  # waiters look again: with no endpoint left they fail at once
+        return True
 
     # -- outcomes ------------------------------------------------------------------------------
     def record_success(self, endpoint: Endpoint) -> None:

@@ -17,7 +17,7 @@ from proxy.dense import DenseRequest, DenseResponse, score_dense
 from proxy.errors import InvalidRequest
 from proxy.health import Prober
 from proxy.observe import Metrics
-from proxy.passthrough import ChatPassthrough
+from proxy.passthrough import ChatPassthrough, routing_fields
 from proxy.schemas import (
     BatchCompareRequest,
     BatchCompareResponse,
@@ -154,14 +154,15 @@ async def models(passthrough: PassthroughDep) -> JSONResponse:
                         400: _RELAYED})
 async def chat_completions(request: Request, passthrough: PassthroughDep, scorer: ScorerDep) -> Response:
     body = await request.body()
-    scoring = scoring_body(body)
+    fields = routing_fields(body)
+    scoring = scoring_body(body, fields.model.value)
     if scoring is not None:  # score:<backend>: the /score pipeline, answered as a chat.completion
         chat = parse_chat(scoring, scorer.registry)
         result = await score_chat(chat, scorer, budget_s=budget_of(request))
         request.state.backend = result.backend
         return JSONResponse(completion(chat, result, request.state.request_id),
                             headers={"x-upstream-attempts": str(result.attempts)})
-    relay = asyncio.ensure_future(passthrough.relay(body, budget_s=budget_of(request)))
+    relay = asyncio.ensure_future(passthrough.relay(body, fields, budget_s=budget_of(request)))
     gone = asyncio.ensure_future(_client_gone(request))
     try:
         await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -191,8 +192,8 @@ async def _client_gone(request: Request) -> None:
                                         "content": {"application/json": {"schema": {"type": "object"}}}}})
 async def health(request: Request) -> JSONResponse:
     """From the prober's cache and the requests' outcomes: no upstream call per request. A backend
-    is ready when any of its endpoints passed its last probe, is in rotation, and has not failed
-    a request since."""
+    is ready when any of its endpoints passed its last probe, is in rotation (not draining
+    either), and has not failed a request since."""
     registry: BackendRegistry = request.app.state.registry
     prober: Prober = request.app.state.prober
     backends: dict[str, Any] = {}
@@ -204,8 +205,8 @@ async def health(request: Request) -> JSONResponse:
             # The newest evidence wins: requests that failed since the last good probe or call.
             failing = endpoint.consecutive_failures > 0
             endpoints.append({"url": endpoint.base_url, "in_flight": endpoint.in_flight, "circuit": circuit,
-                              **readiness.as_dict(),
-                              "ready": readiness.ready and circuit != "open" and not failing,
+                              "draining": endpoint.draining, **readiness.as_dict(),
+                              "ready": readiness.ready and circuit != "open" and not failing and not endpoint.draining,
                               "reason": endpoint.last_failure if failing else readiness.reason})
         backends[backend.name] = {"model": backend.config.model, "aliases": backend.config.aliases,
                                   "ready": any(e["ready"] for e in endpoints), "queue": backend.pool.waiting,
@@ -227,7 +228,5 @@ async def metrics(request: Request) -> Response:
         metrics.queue_length.labels(backend.name).set(backend.pool.waiting)
         for decision, count in backend.pool.routed.items():
             metrics.routed.labels(backend.name, decision).set(count)
-        for endpoint in backend.pool.endpoints:
-            metrics.endpoint_in_flight.labels(backend.name, endpoint.base_url).set(endpoint.in_flight)
-            metrics.circuit_open.labels(backend.name, endpoint.base_url).set(int(endpoint.circuit_open))
+        metrics.observe_endpoints(backend.name, backend.pool.endpoints)
     return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

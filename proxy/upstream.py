@@ -1,15 +1,20 @@
 """The only module that talks to `vllm serve`, and the only place its failures are translated.
 
-One shared httpx.AsyncClient per process (connection pool, keep-alive). Which endpoint to call
+One shared aiohttp session per process (connection pool, keep-alive) for the calls; the health
+prober's GETs use one httpx client (`open_probe_client`). Which endpoint to call
 is pool.py's business; this module makes the call and turns every failure into a ProxyError.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+import aiohttp.http_exceptions
 import httpx
 
 from proxy.errors import (
@@ -51,21 +56,44 @@ class ChatReply:
         return self.choices[0].finish_reason
 
 
-def _error_info(response: httpx.Response) -> tuple[str, str | None]:
+@dataclass(frozen=True)
+class UpstreamAnswer:
+    """A whole reply from vLLM, read and its connection released."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+
+class UpstreamStream:
+    """A 200 reply whose body is relayed as it arrives; its owner must `aclose()` it."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status_code, self.headers, self._response = response.status, response.headers, response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self._response.content.iter_any():
+            yield chunk
+
+    async def aclose(self) -> None:
+        self._response.close()  # not released to the pool: an unfinished body leaves it unusable
+
+
+def _error_info(answer: UpstreamAnswer) -> tuple[str, str | None]:
     """vLLM's error body is {"error": {"message", "type", "param", "code"}}."""
     try:
-        error = response.json().get("error", {})
+        error = json.loads(answer.content).get("error", {})
         if isinstance(error, dict):
             return str(error.get("message", ""))[:500], error.get("param")
         return str(error)[:500], None
     except (ValueError, AttributeError):
-        return response.text[:500], None
+        return answer.content.decode("utf-8", "replace")[:500], None
 
 
-def translate_status(response: httpx.Response, endpoint: str) -> Exception:
-    status = response.status_code
-    message, param = _error_info(response)
-    retry_after = parse_retry_after(response.headers.get("retry-after"))
+def translate_status(answer: UpstreamAnswer, endpoint: str) -> Exception:
+    status = answer.status_code
+    message, param = _error_info(answer)
+    retry_after = parse_retry_after(answer.headers.get("retry-after"))
     if status == 429 or status >= 500:
         return UpstreamUnavailable(f"{endpoint} answered {status}: {message}", endpoint=endpoint,
                                    upstream_status=status, retry_after_s=retry_after)
@@ -79,78 +107,87 @@ def translate_status(response: httpx.Response, endpoint: str) -> Exception:
                             endpoint=endpoint, upstream_status=status)
 
 
-POOL_SHARDS = 8
-# Per shard. Idle connections expire at 4 s, before vLLM's uvicorn closes them at 5 s
-# (TIMEOUT_KEEP_ALIVE): reusing one as the server closes it is a failed call for nothing.
-POOL_LIMITS = httpx.Limits(max_connections=128, max_keepalive_connections=64, keepalive_expiry=4.0)
+# Idle connections expire at 4 s, before vLLM's uvicorn closes them at 5 s (TIMEOUT_KEEP_ALIVE):
+# reusing one as the server closes it is a failed call for nothing.
+KEEPALIVE_S = 4.0
+MAX_CONNECTIONS = 1024  # admission (max_in_flight per endpoint) is the real bound
+CONNECT_TIMEOUT_S = 5.0
 
 
-def open_http_clients(shards: int = POOL_SHARDS) -> list[httpx.AsyncClient]:
-    """The process's connection pools. Several shards, not one: httpx scans every connection of
-    a pool on each request start and finish, which cost 40% of the event loop with ~256
-    connections in one pool (bench/profile_proxy.py); per-call timeouts come from the backend."""
-    return [httpx.AsyncClient(limits=POOL_LIMITS, timeout=httpx.Timeout(120.0, connect=5.0),
-                              trust_env=False)  # upstreams are addressed directly, never via env proxies
-            for _ in range(shards)]
+def open_session() -> aiohttp.ClientSession:
+    """The process's upstream connection pool (call inside the running loop). aiohttp, not httpx,
+    for the calls that carry frames: the same 519 KB POST cost 1.9-2.1 ms of CPU through httpx
+    against 0.5-0.8 ms through aiohttp (bench/bench_proxy_overhead.py, docs/benchmarks.md §1)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+        trust_env=False,  # upstreams are addressed directly, never via env proxies
+        skip_auto_headers=("User-Agent",))
+
+
+def open_probe_client() -> httpx.AsyncClient:
+    """The health prober's client: one small GET per endpoint per interval (proxy/health.py's
+    `probe` is shared with the synchronous launcher, which runs it on httpx)."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S),
+                             timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S), trust_env=False)
 
 
 class UpstreamClient:
-    def __init__(self, clients: list[httpx.AsyncClient]) -> None:
-        self.clients = clients
-        self._turn = 0
-
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """The next pool shard, round-robin."""
-        self._turn = (self._turn + 1) % len(self.clients)
-        return self.clients[self._turn]
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
 
     async def _post(self, endpoint: Endpoint, path: str, body: bytes, timeout_s: float,
-                    api_key: str | None, stream: bool = False) -> httpx.Response:
+                    api_key: str | None, stream: bool = False) -> UpstreamAnswer | UpstreamStream:
+        """One POST. A whole reply is read within `timeout_s`; a 200 stream must have its
+        headers within `timeout_s`, then may pause at most `timeout_s` between chunks."""
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        http = self.http
-        request = http.build_request("POST", endpoint.base_url + path, content=body, headers=headers,
-                                     timeout=timeout_s)
+        url = endpoint.base_url + path
+        response = handed_off = None
         try:
-            return await http.send(request, stream=stream)
-        except httpx.TimeoutException as err:
+            async with asyncio.timeout(timeout_s):
+                response = await self.session.post(
+                    url, data=body, headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=None, connect=min(CONNECT_TIMEOUT_S, timeout_s),
+                                                  sock_read=timeout_s))
+                if stream and response.status == 200:
+                    handed_off = UpstreamStream(response)
+                    return handed_off
+                content = await response.read()
+            return UpstreamAnswer(response.status, response.headers, content)
+        except TimeoutError as err:  # asyncio's deadline, or aiohttp's connect / read timeouts
             raise UpstreamTimeout(f"{endpoint.base_url} did not answer within {timeout_s:.1f}s",
                                   endpoint=endpoint.base_url) from err
-        except httpx.DecodingError as err:  # e.g. a Content-Encoding its body does not match
-            raise UpstreamProtocolError(f"{endpoint.base_url} sent an undecodable body: {err}",
-                                        endpoint=endpoint.base_url) from err
-        except httpx.RequestError as err:  # connect/read/write errors, protocol errors, ...
+        except aiohttp.ClientPayloadError as err:
+            if isinstance(err.__cause__, aiohttp.http_exceptions.ContentEncodingError):
+                raise UpstreamProtocolError(f"{endpoint.base_url} sent an undecodable body: {err}",
+                                            endpoint=endpoint.base_url) from err
+            raise UpstreamUnavailable(f"{endpoint.base_url}: the reply broke off: {err}",
+                                      endpoint=endpoint.base_url) from err
+        except (aiohttp.ClientError, OSError) as err:  # connect, reset, protocol errors, ...
             raise UpstreamUnavailable(f"{endpoint.base_url}: {type(err).__name__}: {err}",
                                       endpoint=endpoint.base_url) from err
+        finally:
+            if response is not None and handed_off is None:
+                # back to the pool when read whole; aiohttp closes a connection with unread body
+                response.release() if response.content.is_eof() else response.close()
 
     async def chat(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
                    api_key: str | None = None) -> ChatReply:
         """POST /chat/completions once and read the reply. Raises only proxy errors."""
-        response = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key)
-        if response.status_code != 200:
-            raise translate_status(response, endpoint.base_url)
-        return _read_completion(response, endpoint.base_url)
+        answer = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key)
+        if answer.status_code != 200:
+            raise translate_status(answer, endpoint.base_url)
+        return _read_completion(answer, endpoint.base_url)
 
     async def forward(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
-                      api_key: str | None = None, stream: bool = False) -> httpx.Response:
+                      api_key: str | None = None, stream: bool = False) -> UpstreamAnswer | UpstreamStream:
         """Pass-through for /v1/chat/completions: a 2xx or a non-retryable 4xx comes back as is
-        (streamed when asked; the caller closes it); a retryable failure raises for the policy."""
-        response = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key, stream)
-        status = response.status_code
-        if stream and status != 200:
-            try:
-                await response.aread()
-            except httpx.HTTPError as err:  # the error reply broke off: its status still tells
-                error = UpstreamUnavailable if status == 429 or status >= 500 else UpstreamProtocolError
-                raise error(f"{endpoint.base_url} answered {status} with a body that broke off",
-                            endpoint=endpoint.base_url, upstream_status=status) from err
-            finally:
-                await response.aclose()
-        if status == 429 or status >= 500:
-            raise translate_status(response, endpoint.base_url)
-        return response
+        (a 200 streamed when asked; the caller closes it); a retryable failure raises for the policy."""
+        answer = await self._post(endpoint, "/chat/completions", body, timeout_s, api_key, stream)
+        if isinstance(answer, UpstreamAnswer) and (answer.status_code == 429 or answer.status_code >= 500):
+            raise translate_status(answer, endpoint.base_url)
+        return answer
 
 
 def _read_choice(choice: dict) -> Choice:
@@ -165,9 +202,9 @@ def _read_choice(choice: dict) -> Choice:
     return Choice(text or "", finish_reason, logprobs)
 
 
-def _read_completion(response: httpx.Response, endpoint: str) -> ChatReply:
+def _read_completion(answer: UpstreamAnswer, endpoint: str) -> ChatReply:
     try:
-        payload = json.loads(response.content)
+        payload = json.loads(answer.content)
         # in index order: vLLM lists n choices by index, but the index is what names a sample
         choices = tuple(_read_choice(c) for c in sorted(payload["choices"], key=lambda c: c.get("index", 0)))
         if not choices:

@@ -29,6 +29,7 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("template_variable", 422, False, "a variable the prompt template needs is missing"),
     ErrorCode("token_budget", 422, False, "prompt + max_tokens would exceed the model's context"),
     ErrorCode("unauthorized", 401, False, "missing or wrong bearer token"),
+    ErrorCode("admin_disabled", 403, False, "the admin routes need proxy.api_key_env (a bearer token)"),
     ErrorCode("unknown_backend", 404, False, "no backend of that name; the message lists them"),
     ErrorCode("not_found", 404, False, "no such route"),
     ErrorCode("method_not_allowed", 405, False, "the route exists, the method does not"),

@@ -11,6 +11,7 @@ Behaviour per chat request: the next scripted action if any, else the default re
     {"truncated": true}                              200, Content-Length larger than the body
     {"hang_s": 30}                                   answer nothing for that long
     {"reply": "a b c", "word_delay_s": 1}            (stream: true) a pause after each word
+    {"hold": threading.Event()}                      (in-process) answer once the test sets it
 Like stock vLLM it answers 401 on /v1/* without the bearer token when `api_key` is set, 404 for an
 unknown model, 400 (param media_io_kwargs /
 mm_processor_kwargs) for per-request media kwargs unless trust_request_mm_kwargs, 400 for a
@@ -30,6 +31,7 @@ import binascii
 import collections
 import contextlib
 import json
+import os
 import re
 import threading
 import time
@@ -207,6 +209,8 @@ class FakeVLLM:
         action = state.actions.popleft() if state.actions else {}
         if action.get("delay_s"):
             await asyncio.sleep(action["delay_s"])
+        while "hold" in action and not action["hold"].is_set():  # until the test lets it go
+            await asyncio.sleep(0.01)
         if "hang_s" in action:
             await asyncio.sleep(action["hang_s"])
             return False
@@ -480,12 +484,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-base-s", type=float, default=0.0)
     parser.add_argument("--latency-per-seq-s", type=float, default=0.0)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or None,
+                        help="like stock vLLM: /v1/* needs this bearer token (default $VLLM_API_KEY)")
     args = parser.parse_args(argv)
     fake = FakeVLLM(FakeConfig(
         served_model_name=args.served_model_name, default_text=args.default_text,
         trust_request_mm_kwargs=not args.untrusting, record=not args.no_record,
         latency_base_s=args.latency_base_s, latency_per_seq_s=args.latency_per_seq_s,
-        max_num_seqs=args.max_num_seqs))
+        max_num_seqs=args.max_num_seqs, api_key=args.api_key))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(fake.serve(args.host, args.port, lambda p: print(f"fake vllm listening on {p}", flush=True)))
 

@@ -123,3 +123,111 @@ async def test_without_a_group_or_with_the_policy_off_it_is_least_outstanding():
         first, second = await pool.reserve(key=key), await pool.reserve(key=key)
         assert first.endpoint is not second.endpoint
         assert pool.routed == {"affinity": 0, "spilled": 0, "least_outstanding": 2}
+
+
+# -- endpoints added and removed at run time (POST /admin/endpoints) ------------------------------
+async def test_a_removed_endpoint_drains_then_leaves():
+    pool = _pool(2)
+    gone, kept = pool.endpoints
+    held = [await pool.reserve(), await pool.reserve()]
+    on_gone = next(r for r in held if r.endpoint is gone)
+    assert pool.remove(gone.base_url) is True
+    assert gone.draining and gone in pool.endpoints  # a call still in flight on it
+    assert pool.remove(gone.base_url) is False  # already draining: nothing more to do
+    for _ in range(5):  # no new call goes to it, whatever its load
+        reservation = await pool.reserve()
+        assert reservation.endpoint is kept
+        pool.release(reservation, ok=True)
+    pool.release(on_gone, ok=True)  # the call in flight ends normally
+    assert pool.endpoints == [kept]
+    pool.release(next(r for r in held if r.endpoint is kept), ok=True)
+
+
+async def test_removing_an_idle_endpoint_is_at_once_and_an_unknown_one_is_a_key_error():
+    pool = _pool(2)
+    pool.remove(pool.endpoints[0].base_url)
+    assert [e.base_url for e in pool.endpoints] == ["http://127.0.0.1:9001/v1"]
+    with pytest.raises(KeyError):
+        pool.remove("http://127.0.0.1:9999/v1")
+
+
+async def test_a_draining_endpoint_gets_no_group_and_no_half_open_trial():
+    pool = _routed_pool(2)  # failures=1
+    key = "frame:1"
+    home = (await pool.reserve(key=key)).endpoint
+    other = next(e for e in pool.endpoints if e is not home)
+    pool.remove(home.base_url)  # a call in flight: it drains
+    reservation = await pool.reserve(key=key)
+    assert reservation.endpoint is other  # the group moves, as when its replica leaves
+    assert pool.routed["affinity"] == 2  # `other` is now the key's first live replica
+    pool.release(reservation, ok=True)
+    home.open_until = time.monotonic() - 1  # a circuit past its cool-down would let one trial in
+    pool.record_failure(other, cause="upstream_unavailable: 503")  # the other one is out
+    with pytest.raises(UpstreamUnavailable):
+        await pool.reserve(key=key)  # the half-open draining one is no candidate
+
+
+async def test_adding_back_a_draining_endpoint_cancels_the_drain():
+    pool = _pool(1)
+    endpoint = pool.endpoints[0]
+    held = await pool.reserve()
+    pool.remove(endpoint.base_url)
+    assert pool.add(endpoint.base_url) is True  # reported as added: it is in rotation again
+    assert not endpoint.draining
+    assert pool.add(endpoint.base_url) is False  # already in rotation: nothing done
+    pool.release(held, ok=True)
+    assert pool.endpoints == [endpoint]  # the last call ending no longer removes it
+
+
+async def test_the_last_endpoint_removed_fails_fast_and_an_added_one_serves():
+    pool = _pool(1)
+    pool.remove(pool.endpoints[0].base_url)
+    assert pool.endpoints == []
+    with pytest.raises(UpstreamUnavailable, match="no endpoints: all were removed at run time") as err:
+        await pool.reserve()
+    assert err.value.retryable and err.value.retry_after_s == 1.0
+    assert pool.add("http://127.0.0.1:9100/v1") is True
+    reservation = await pool.reserve()
+    assert reservation.endpoint.base_url == "http://127.0.0.1:9100/v1"
+    pool.release(reservation, ok=True)
+
+
+async def _turns_until(condition, turns: int = 20) -> bool:
+    """Let the loop run a few turns (no clock involved) until `condition()` holds."""
+    import asyncio
+
+    for _ in range(turns):
+        if condition():
+            return True
+        await asyncio.sleep(0)
+    return condition()
+
+
+async def test_a_waiter_proceeds_when_an_endpoint_is_added():
+    import asyncio
+
+    pool = _pool(1, max_in_flight_per_endpoint=1)
+    held = await pool.reserve()  # the only slot
+    waiter = asyncio.ensure_future(pool.reserve())
+    assert await _turns_until(lambda: pool.waiting == 1)  # queued
+    pool.add("http://127.0.0.1:9100/v1")
+    assert await _turns_until(waiter.done)  # woken by the add, not by its periodic look
+    reservation = waiter.result()
+    assert reservation.endpoint.base_url == "http://127.0.0.1:9100/v1"
+    pool.release(reservation, ok=True)
+    pool.release(held, ok=True)
+
+
+async def test_a_waiter_fails_at_once_when_the_last_endpoint_is_removed():
+    import asyncio
+
+    pool = _pool(1, max_in_flight_per_endpoint=1)
+    held = await pool.reserve()
+    waiter = asyncio.ensure_future(pool.reserve())
+    assert await _turns_until(lambda: pool.waiting == 1)
+    pool.remove(pool.endpoints[0].base_url)  # draining: the queue has nowhere to go
+    assert await _turns_until(waiter.done)  # at once, not after its periodic look
+    with pytest.raises(UpstreamUnavailable, match="no endpoints"):
+        waiter.result()
+    pool.release(held, ok=True)
+    assert pool.endpoints == []

@@ -1,5 +1,7 @@
 """The proxy as an OpenAI-compatible server: the official `openai` client works unchanged."""
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -76,3 +78,33 @@ def test_bearer_token_guards_everything_but_health(proxy_factory, fake_qwen, fak
                            http_client=httpx.Client(trust_env=False))
     with client:
         assert client.chat.completions.create(model=QWEN_MODEL, messages=[{"role": "user", "content": "x"}])
+
+
+def test_only_model_is_rewritten_wherever_it_sits_in_the_body(proxy_server, fake_primo):
+    # `model` last, after strings holding quotes, backslashes and brackets: routing reads it
+    # without parsing the rest, and vLLM receives every other field as the caller sent it.
+    body = {"messages": [{"role": "user", "content": 'a "quoted" \\ {[ text'}], "temperature": 0,
+            "max_tokens": 7, "model": "primo_r1_vllm"}
+    with httpx.Client(base_url=proxy_server.url, timeout=30) as http:
+        response = http.post("/v1/chat/completions", content=json.dumps(body, indent=1).encode(),
+                             headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert fake_primo.chat_requests[-1] == {**body, "model": PRIMO_MODEL}
+
+
+@pytest.mark.parametrize("raw, field, says", [
+    (b'{"model": "qwen2_5_vl_vllm", "messages": [}', "body", "not valid JSON"),
+    (b'{"model": "qwen2_5_vl_vllm", "model": "primo_r1_vllm", "messages": []}', "body", "given twice"),
+    (b'[{"model": "qwen2_5_vl_vllm"}]', "body", "not a JSON object"),
+    (b'{"model": ["qwen2_5_vl_vllm"], "messages": []}', "model", "string 'model'"),
+    (b'{"messages": []}', "model", "string 'model'"),
+    (b'{"model": "score:qwen2_5_vl_vllm", "messages": [1, nope]}', "body", "not valid JSON"),
+])
+def test_a_body_routing_cannot_read_is_a_422_and_reaches_no_replica(proxy_server, fake_qwen, fake_primo,
+                                                                    raw, field, says):
+    with httpx.Client(base_url=proxy_server.url, timeout=30) as http:
+        response = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["field"] == field and says in error["message"]
+    assert fake_qwen.chat_requests == [] and fake_primo.chat_requests == []

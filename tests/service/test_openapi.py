@@ -15,18 +15,21 @@ import tempfile
 from pathlib import Path
 
 import cv2
+import httpx
 import numpy as np
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
 
-from proxy.config import settings_from_dict
+from proxy.config import endpoint_url, settings_from_dict
 from proxy.schemas import IMAGE_FORMAT, MEDIA_PATH_FORMAT, NPY_FORMAT
 from tests.conftest import PRIMO_MODEL, QWEN_MODEL, libero_settings_dict
 from tests.fakes.episodes import write_mp4
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
+from tests.helpers import free_ports
 
 MEDIA = tempfile.TemporaryDirectory(prefix="openapi-media-")
 VIDEOS = [str(write_mp4(Path(MEDIA.name) / f"episode{i}.mp4", np.full((6, 32, 32, 3), 40 * i, np.uint8)))
@@ -76,9 +79,12 @@ def api_document(running_proxy):
     return schemathesis.openapi.from_url(f"{running_proxy.url}/openapi.json")
 
 
+# The shared proxy has no proxy.api_key_env, so there the admin routes answer 403 whatever is sent
+# (and change nothing); they are fuzzed with the token on a proxy of their own below.
+ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints"]
 OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /score", "POST /score/batch",
               "POST /score/dense", "POST /compare", "POST /compare/batch",
-              "POST /v1/chat/completions"]
+              "POST /v1/chat/completions", *ADMIN_OPERATIONS]
 
 
 def test_the_document_lists_every_route(api_document):
@@ -134,12 +140,55 @@ def test_every_answer_is_what_the_document_says(api_document, label):
     fuzz()
 
 
+ADMIN_KEY = "fuzz-admin-token"
+
+
+@pytest.fixture
+def admin_proxy(monkeypatch, proxy_factory, tmp_path):
+    """A proxy with the bearer token, of its own: POST /admin/endpoints changes what it serves, which
+    must not happen to the shared proxy the other operations are fuzzed against. Its endpoints need
+    not answer: nothing is scored there."""
+    monkeypatch.setenv("ADMIN_FUZZ_KEY", ADMIN_KEY)
+    qwen, primo = (f"http://127.0.0.1:{port}/v1" for port in free_ports(2))
+    return proxy_factory(settings_from_dict(libero_settings_dict(
+        [qwen], [primo], tmp_path, health_interval_s=30, api_key_env="ADMIN_FUZZ_KEY")))
+
+
+def _removable(case, http, proxy) -> None:
+    """Which URLs are a backend's endpoints changes at run time, so the document cannot say: in a
+    valid request, keep to `remove` only the backend's endpoints that are not also added."""
+    body = case.body
+    if not isinstance(body, dict) or not body.get("remove"):
+        return
+    name = next(n for n, b in proxy.settings.backends.items() if body["backend"] in (n, b.model, *b.aliases))
+    present = {e["url"] for e in http.get("/admin/endpoints").json()["backends"][name]}
+    added = {endpoint_url(url) for url in body.get("add", [])}
+    body["remove"] = [url for url in body["remove"] if endpoint_url(url) in present - added]
+
+
+@pytest.mark.parametrize("label", ADMIN_OPERATIONS)
+def test_the_admin_routes_answer_what_the_document_says_with_the_token(api_document, admin_proxy, label):
+    operation = next(op.ok() for op in api_document.get_all_operations() if op.ok().label == label)
+    token = {"authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=admin_proxy.url, headers=token, timeout=30, trust_env=False) as http:
+
+        # valid requests and invalid ones: a bad URL, field or backend must be refused (422, 404)
+        @given(case=st.one_of(operation.as_strategy(), operation.as_strategy(GenerationMode.NEGATIVE)))
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def fuzz(case):
+            if case.meta is not None and case.meta.generation.mode.is_positive:
+                _removable(case, http, admin_proxy)
+            case.call_and_validate(base_url=admin_proxy.url, headers=token)
+
+        fuzz()
+        assert http.get("/health").status_code in (200, 503)  # the proxy outlived it
+
+
 def test_the_document_states_how_the_estimate_keys_combine(running_proxy, api_document):
     """A grid of backend_kwargs: whatever the document calls valid the proxy accepts (the document
     may be stricter: it asks for the temperature in the request, whatever the backend's default)."""
     import itertools
 
-    import httpx
     import jsonschema_rs  # schemathesis' own validator
 
     document = httpx.get(f"{running_proxy.url}/openapi.json", timeout=10, trust_env=False).json()

@@ -1,0 +1,111 @@
+"""What runs on a Ray node for one replica: a named actor that owns one stock `vllm serve`.
+
+The actor holds its placement group bundle's GPUs (Ray sets them aside for it) and starts the
+command line `up` built, unmodified, with CUDA_VISIBLE_DEVICES naming exactly the GPUs Ray
+assigned. The server runs in its own session (its tensor-parallel workers in its group) and gets
+SIGKILL if the actor's process dies, so a driver or node failure that takes the actor down leaves
+no server behind. Its output goes to a log file on that node; `log_tail` reads it back.
+
+Standard library only (plus ray inside the methods): the class is shipped to the nodes by value,
+so the cluster needs ray but not this project installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the actor process goes away (Linux)."""
+    with contextlib.suppress(OSError):  # not glibc: the actor's own stop() is then the only cleanup
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ReplicaProcess:
+    def __init__(self, name: str, run_id: str) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.gettempdir()) / "vlm-reward-proxy-ray" / run_id / f"{name}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.popen: subprocess.Popen | None = None
+
+    def node(self) -> dict:
+        """Where Ray put this actor and which GPUs it holds."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"node_ip": ray.util.get_node_ip_address(), "node_id": context.get_node_id(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()], "log": str(self.log_path),
+                "hostname": os.uname().nodename}
+
+    def start(self, argv: list[str], env: dict[str, str]) -> int:
+        """Start (or restart) the server; its pid. CUDA_VISIBLE_DEVICES is the assigned GPUs."""
+        import ray
+
+        if self.popen is not None and self.popen.poll() is None:
+            raise RuntimeError(f"{self.name} is already running (pid {self.popen.pid})")
+        child_env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in ray.get_gpu_ids())}
+        with open(self.log_path, "ab") as log:
+            log.write(f"# {' '.join(argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          env=child_env, start_new_session=True,
+                                          preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        """None while the server runs; its exit code once it has exited."""
+        return None if self.popen is None else self.popen.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as err:
+            return f"(no log at {self.log_path}: {err.strerror})"
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM to the server's group, SIGKILL after `grace_s`; its exit code."""
+        if self.popen is None:
+            return None
+        for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.popen.pid, signum)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(self.popen.pid):
+                self.popen.poll()
+                time.sleep(0.05)
+            if not _group_alive(self.popen.pid):
+                break
+        try:
+            return self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie group leader still counts as a member until reaped: check for live members
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False

@@ -1,0 +1,262 @@
+"""`up --ray`: each replica's GPUs reserved by a placement group on an existing Ray cluster, its
+stock `vllm serve` run by a named actor there (launchers/ray_replica.py), its endpoint known once
+placed, a replica that dies restarted a bounded number of times or removed, and everything
+released at the end.
+
+`up` is the Ray driver. Its actors and placement groups are not detached, so if `up` itself dies
+Ray reclaims them with its job (and each server dies with its actor), and nothing is left on the
+cluster either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from launchers import ray_replica
+from launchers.commands import ReplicaCommand, url_host
+from launchers.supervisor import StackFailure, StopRequested
+from proxy.health import probe
+from proxy.launch_config import WILDCARD_HOSTS
+
+__all__ = ["NAMESPACE", "RayReplica", "RayReplicas"]
+
+NAMESPACE = "vlm-reward-proxy"
+Say = Callable[[str], None]
+_CALL_TIMEOUT_S = 30.0  # one actor method call (a node that stopped answering is a dead replica)
+
+
+@dataclass
+class RayReplica:
+    command: ReplicaCommand
+    placement_group: Any = None
+    actor: Any = None
+    node: dict = field(default_factory=dict)
+    pid: int | None = None
+    started: float = 0.0
+    restarts: int = 0
+    state: str = "placing"  # placing, loading, serving, restarting, removed, stopped
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.command.name
+
+    @property
+    def host(self) -> str:
+        """Where the server listens: the node's address unless launch.host is a wildcard."""
+        return self.command.host if self.command.host in WILDCARD_HOSTS else self.node["node_ip"]
+
+    @property
+    def url(self) -> str:
+        return f"http://{url_host(self.node['node_ip'])}:{self.command.port}/v1"
+
+    def argv(self) -> list[str]:
+        argv = list(self.command.argv)
+        argv[argv.index("--host") + 1] = self.host
+        return argv
+
+
+class RayReplicas:
+    def __init__(self, commands: list[ReplicaCommand], *, address: str, run_id: str, say: Say,
+                 max_restarts: int, poll_interval_s: float, stop: Callable[[], bool],
+                 node_resource: str | None = None) -> None:
+        import ray
+
+        self.ray, self.say, self.max_restarts = ray, say, max_restarts
+        # A custom resource only the reward nodes declare (`ray start --resources`): RLinf pins its
+        # workers to GPUs itself without reserving Ray's GPU resource, so only separate nodes
+        # keep the two apart (docs/ray.md).
+        self.pinned = {node_resource: 1} if node_resource else {}
+        self.poll_interval_s, self._stop = poll_interval_s, stop
+        self.run_id = run_id
+        self.replicas = [RayReplica(c) for c in commands]
+        ray.cloudpickle.register_pickle_by_value(ray_replica)  # the nodes need ray, not this project
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+        self._actor_class = ray.remote(ray_replica.ReplicaProcess)
+
+    # -- placing and starting -------------------------------------------------------------
+    def place(self, timeout_s: float) -> None:
+        """A placement group per replica (one bundle: its GPUs and a CPU, so on one node), the
+        largest first and each placed before the next is asked for: created all at once, Ray
+        spread two 1-GPU replicas over two 2-GPU nodes and left no node for a TP=2 one."""
+        from ray.util.placement_group import placement_group
+
+        deadline = time.monotonic() + timeout_s
+        waiting = sorted(self.replicas, key=lambda r: -len(r.command.gpus))
+        while waiting:
+            r = waiting[0]
+            r.placement_group = placement_group([{"GPU": len(r.command.gpus), "CPU": 1, **self.pinned}],
+                                                strategy="STRICT_PACK", name=f"{NAMESPACE}/{self.run_id}/{r.name}")
+            while not self.ray.wait([r.placement_group.ready()], timeout=self.poll_interval_s)[0]:
+                if self._stop():
+                    raise StopRequested
+                if time.monotonic() > deadline:
+                    names = ", ".join(f"{w.name} ({len(w.command.gpus)} GPU(s) on one node"
+                                      + (f" with resource {next(iter(self.pinned))}" if self.pinned else "") + ")"
+                                      for w in waiting)
+                    free = {k: v for k, v in self.ray.available_resources().items()
+                            if "_group_" not in k and not k.startswith("node:")}
+                    raise StackFailure(f"Ray could not place {names} within {timeout_s:.0f}s; free on the "
+                                       f"cluster: {free}")
+            waiting.pop(0)
+
+    def start(self) -> None:
+        for r in self.replicas:
+            self._start(r)
+
+    def _start(self, r: RayReplica) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if r.actor is None:
+            r.actor = self._actor_class.options(
+                name=f"{self.run_id}/{r.name}", namespace=NAMESPACE, num_cpus=1, num_gpus=len(r.command.gpus),
+                resources=self.pinned, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    r.placement_group, placement_group_bundle_index=0)).remote(r.name, self.run_id)
+            r.node = self._call(r.actor.node)
+        env = {k: v for k, v in r.command.full_env().items() if k != "CUDA_VISIBLE_DEVICES"}
+        try:
+            r.pid = self._call(r.actor.start, r.argv(), env)
+        except self.ray.exceptions.RayTaskError as err:  # e.g. no `vllm` executable on that node
+            raise StackFailure(f"{r.name} could not start on node {r.node['node_ip']}: {err.cause}") from err
+        r.started, r.state = time.monotonic(), "loading"
+        self.say(f"started {r.name} on node {r.node['node_id'][:12]} ({r.node['node_ip']}), "
+                 f"GPU{'s' if len(r.node['gpus']) > 1 else ''} {','.join(r.node['gpus'])}, "
+                 f"pid {r.pid}, {r.url}; log on that node: {r.node['log']}")
+
+    def _call(self, method: Any, *args: Any) -> Any:
+        return self.ray.get(method.remote(*args), timeout=_CALL_TIMEOUT_S)
+
+    # -- readiness ------------------------------------------------------------------------
+    def probe(self, replicas: list[RayReplica]) -> list[bool]:
+        async def all_of() -> list[bool]:
+            async with httpx.AsyncClient(trust_env=False, timeout=2.0) as http:
+                results = await asyncio.gather(*(probe(http, r.url, r.command.model, timeout_s=2.0,
+                                                       api_key=r.command.api_key) for r in replicas))
+            for r, readiness in zip(replicas, results, strict=True):
+                r.reason = readiness.reason or ""
+            return [readiness.ready for readiness in results]
+
+        return asyncio.run(all_of())
+
+    def exit_code(self, r: RayReplica) -> int | str | None:
+        """None while its server runs; the exit code, or why the actor is gone."""
+        try:
+            return self._call(r.actor.poll)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as err:
+            # Gone with its node or its worker, or no longer answering: a new actor restarts it
+            # (killed first, so the old one cannot hold the bundle's GPUs).
+            with contextlib.suppress(self.ray.exceptions.RayError):
+                self.ray.kill(r.actor)
+            r.actor = None
+            return f"its actor is gone ({type(err).__name__})"
+
+    def log_tail(self, r: RayReplica, lines: int = 20) -> str:
+        if r.actor is None:
+            return "(its actor is gone, and the log with it)"
+        try:
+            return self._call(r.actor.log_tail, lines)
+        except self.ray.exceptions.RayError as err:
+            return f"(log unreadable: {type(err).__name__})"
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until every replica answers; one that exits while loading, or the timeout, fails `up`."""
+        begin = time.monotonic()
+        loading = [r for r in self.replicas if r.state == "loading"]
+        while loading:
+            for r in loading:
+                code = self.exit_code(r)
+                if code is not None:
+                    raise StackFailure(f"{r.name} exited ({code}) while loading; last lines of its log:\n"
+                                       f"{self.log_tail(r)}")
+            for r, ready in zip(loading, self.probe(loading), strict=True):
+                if ready:
+                    r.state = "serving"
+                    self.say(f"ready: {r.name} at {r.url} after {time.monotonic() - r.started:.1f}s")
+            loading = [r for r in loading if r.state == "loading"]
+            if loading and time.monotonic() - begin > timeout_s:
+                raise StackFailure(f"timed out after {timeout_s:.0f}s waiting for "
+                                   + "; ".join(f"{r.name} ({r.reason})" for r in loading))
+            if loading:
+                self._sleep()
+
+    def _sleep(self) -> None:
+        deadline = time.monotonic() + self.poll_interval_s
+        while time.monotonic() < deadline:
+            if self._stop():
+                raise StopRequested
+            time.sleep(min(0.1, self.poll_interval_s))
+
+    def endpoints(self) -> dict[str, list[str]]:
+        """Backend -> the URLs of its replicas that are serving."""
+        out: dict[str, list[str]] = {}
+        for r in self.replicas:
+            if r.state == "serving":
+                out.setdefault(r.command.backend, []).append(r.url)
+        return out
+
+    def placement(self) -> list[dict]:
+        return [{"name": r.name, "backend": r.command.backend, "url": r.url, "state": r.state,
+                 "restarts": r.restarts, "pid": r.pid, **r.node} for r in self.replicas if r.node]
+
+    # -- watching -------------------------------------------------------------------------
+    def check(self, set_endpoints: Callable[[str, list[str], list[str]], None]) -> None:
+        """One round: a dead server leaves the proxy at once, then is restarted (while its budget
+        lasts; `set_endpoints(backend, add, remove)` adds it back once ready) or removed."""
+        restarting = [r for r in self.replicas if r.state == "restarting"]
+        for r, ready in zip(restarting, self.probe(restarting) if restarting else [], strict=True):
+            if ready:
+                r.state = "serving"
+                set_endpoints(r.command.backend, [r.url], [])
+                self.say(f"ready again: {r.name} at {r.url} (restart {r.restarts} of {self.max_restarts})")
+        for r in self.replicas:
+            if r.state not in ("serving", "restarting"):
+                continue
+            code = self.exit_code(r)
+            if code is None:
+                continue
+            if r.state == "serving":
+                set_endpoints(r.command.backend, [], [r.url])
+            self.say(f"error: {r.name} at {r.url} exited ({code}); the proxy no longer sends it "
+                     f"requests; last lines of its log:\n{self.log_tail(r)}")
+            if r.restarts >= self.max_restarts:
+                r.state = "removed"
+                self.say(f"removed: {r.name} after {r.restarts} restart(s) (--max-restarts {self.max_restarts})")
+                continue
+            r.restarts += 1
+            try:
+                self._start(r)
+            except (self.ray.exceptions.RayError, RuntimeError) as err:
+                r.state = "removed"
+                self.say(f"removed: {r.name} could not be restarted: {type(err).__name__}: {err}")
+                continue
+            r.state = "restarting"
+
+    # -- stopping -------------------------------------------------------------------------
+    def shutdown(self, grace_s: float) -> list[str]:
+        """Stop every server (SIGTERM, SIGKILL after grace), kill the actors, free the GPUs."""
+        from ray.util.placement_group import remove_placement_group
+
+        lines = []
+        stops = {r.name: r.actor.stop.remote(grace_s) for r in self.replicas if r.actor is not None}
+        for r in self.replicas:
+            code = "never started"
+            if r.name in stops:
+                try:
+                    code = self.ray.get(stops[r.name], timeout=grace_s + 30)
+                except self.ray.exceptions.RayError as err:
+                    code = f"unknown ({type(err).__name__})"
+                self.ray.kill(r.actor)
+            if r.placement_group is not None:
+                remove_placement_group(r.placement_group)
+            lines.append(f"{r.name}: {r.state}, exit {code}, {r.restarts} restart(s); GPUs released")
+            r.state = "stopped"
+        self.ray.shutdown()
+        return lines
+
