@@ -82,7 +82,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--ray-resource", default=None, metavar="NAME",
                     help="with --ray: place replicas only on nodes declaring this custom resource (one "
                          "unit per replica), e.g. nodes kept apart from RLinf's (docs/ray.md)")
-    up.add_argument("--max-restarts", type=int, default=2, metavar="N",
+    up.add_argument("--max-restarts", type=_count, default=2, metavar="N",
                     help="with --ray: restart a replica that dies at most N times, then remove it (default 2)")
     up.add_argument("--detach", action="store_true",
                     help="run the stack in the background; return once it is ready (0) or "
@@ -99,6 +99,13 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     down.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
                       help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE_S:g})")
     down.set_defaults(func=run_down_command)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 def _pid_file(args: argparse.Namespace) -> Path:

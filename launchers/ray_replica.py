@@ -3,8 +3,10 @@
 The actor holds its placement group bundle's GPUs (Ray sets them aside for it) and starts the
 command line `up` built, unmodified, with CUDA_VISIBLE_DEVICES naming exactly the GPUs Ray
 assigned. The server runs in its own session (its tensor-parallel workers in its group) and gets
-SIGKILL if the actor's process dies, so a driver or node failure that takes the actor down leaves
-no server behind. Its output goes to a log file on that node; `log_tail` reads it back.
+SIGKILL if the actor's process dies (PR_SET_PDEATHSIG, through util-linux's setpriv where the node
+has it), so a driver or node failure that takes the actor down leaves no server behind; a restart
+first kills what is left of the previous server's process group. Its output goes to a log file
+on that node; `log_tail` reads it back.
 
 Standard library only (plus ray inside the methods): the class is shipped to the nodes by value,
 so the cluster needs ray but not this project installed.
@@ -15,19 +17,29 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the actor process goes away (Linux)."""
-    with contextlib.suppress(OSError):  # not glibc: the actor's own stop() is then the only cleanup
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _with_pdeathsig(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The command and a pre-exec hook giving the server SIGKILL when the actor process dies.
+    Resolved here, on the node and in the parent: util-linux's setpriv when the node has it (no
+    Python runs after fork), else prctl looked up now, so the child only makes the call."""
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, "--pdeathsig", "KILL", "--", *argv], None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the actor's own stop() is the only cleanup
+        return argv, None
+    return argv, lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class ReplicaProcess:
@@ -52,14 +64,25 @@ class ReplicaProcess:
 
         if self.popen is not None and self.popen.poll() is None:
             raise RuntimeError(f"{self.name} is already running (pid {self.popen.pid})")
+        if self.popen is not None:  # its leader exited: workers of its group may still hold the GPUs
+            self._kill_group(self.popen.pid)
         child_env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in ray.get_gpu_ids())}
+        wrapped, preexec = _with_pdeathsig(argv)
         with open(self.log_path, "ab") as log:
             log.write(f"# {' '.join(argv)}\n".encode())
             log.flush()
-            self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            self.popen = subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           env=child_env, start_new_session=True,
-                                          preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl
+                                          preexec_fn=preexec)  # noqa: PLW1509 - only prctl, resolved before
         return self.popen.pid
+
+    @staticmethod
+    def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.05)
 
     def poll(self) -> int | None:
         """None while the server runs; its exit code once it has exited."""

@@ -29,7 +29,8 @@ __all__ = ["NAMESPACE", "RayReplica", "RayReplicas"]
 
 NAMESPACE = "vlm-reward-proxy"
 Say = Callable[[str], None]
-_CALL_TIMEOUT_S = 30.0  # one actor method call (a node that stopped answering is a dead replica)
+_CALL_TIMEOUT_S = 30.0  # one actor method call
+_MISSED_POLLS = 3  # unanswered polls in a row before an actor counts as gone
 
 
 @dataclass
@@ -41,6 +42,7 @@ class RayReplica:
     pid: int | None = None
     started: float = 0.0
     restarts: int = 0
+    missed_polls: int = 0
     state: str = "placing"  # placing, loading, serving, restarting, removed, stopped
     reason: str = ""
 
@@ -66,7 +68,7 @@ class RayReplica:
 class RayReplicas:
     def __init__(self, commands: list[ReplicaCommand], *, address: str, run_id: str, say: Say,
                  max_restarts: int, poll_interval_s: float, stop: Callable[[], bool],
-                 node_resource: str | None = None) -> None:
+                 pause: Callable[[], None], node_resource: str | None = None) -> None:
         import ray
 
         self.ray, self.say, self.max_restarts = ray, say, max_restarts
@@ -74,7 +76,7 @@ class RayReplicas:
         # workers to GPUs itself without reserving Ray's GPU resource, so only separate nodes
         # keep the two apart (docs/ray.md).
         self.pinned = {node_resource: 1} if node_resource else {}
-        self.poll_interval_s, self._stop = poll_interval_s, stop
+        self.poll_interval_s, self._stop, self._pause = poll_interval_s, stop, pause
         self.run_id = run_id
         self.replicas = [RayReplica(c) for c in commands]
         ray.cloudpickle.register_pickle_by_value(ray_replica)  # the nodes need ray, not this project
@@ -146,16 +148,27 @@ class RayReplicas:
         return asyncio.run(all_of())
 
     def exit_code(self, r: RayReplica) -> int | str | None:
-        """None while its server runs; the exit code, or why the actor is gone."""
+        """None while its server runs; the exit code, or why the actor is gone. An actor that
+        does not answer within _CALL_TIMEOUT_S counts as gone only the _MISSED_POLLS-th time in
+        a row: a slow control plane must not cost a healthy replica a reload."""
         try:
-            return self._call(r.actor.poll)
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as err:
-            # Gone with its node or its worker, or no longer answering: a new actor restarts it
-            # (killed first, so the old one cannot hold the bundle's GPUs).
-            with contextlib.suppress(self.ray.exceptions.RayError):
-                self.ray.kill(r.actor)
-            r.actor = None
-            return f"its actor is gone ({type(err).__name__})"
+            code = self._call(r.actor.poll)
+        except self.ray.exceptions.GetTimeoutError as err:
+            r.missed_polls += 1
+            if r.missed_polls < _MISSED_POLLS:
+                return None
+            return self._actor_gone(r, err)
+        except self.ray.exceptions.RayActorError as err:
+            return self._actor_gone(r, err)
+        r.missed_polls = 0
+        return code
+
+    def _actor_gone(self, r: RayReplica, err: Exception) -> str:
+        # A new actor restarts it; the old one is killed first, so it cannot hold the GPUs.
+        with contextlib.suppress(Exception):
+            self.ray.kill(r.actor)
+        r.actor = None
+        return f"its actor is gone ({type(err).__name__})"
 
     def log_tail(self, r: RayReplica, lines: int = 20) -> str:
         if r.actor is None:
@@ -184,14 +197,7 @@ class RayReplicas:
                 raise StackFailure(f"timed out after {timeout_s:.0f}s waiting for "
                                    + "; ".join(f"{r.name} ({r.reason})" for r in loading))
             if loading:
-                self._sleep()
-
-    def _sleep(self) -> None:
-        deadline = time.monotonic() + self.poll_interval_s
-        while time.monotonic() < deadline:
-            if self._stop():
-                raise StopRequested
-            time.sleep(min(0.1, self.poll_interval_s))
+                self._pause()
 
     def endpoints(self) -> dict[str, list[str]]:
         """Backend -> the URLs of its replicas that are serving."""
@@ -206,57 +212,72 @@ class RayReplicas:
                  "restarts": r.restarts, "pid": r.pid, **r.node} for r in self.replicas if r.node]
 
     # -- watching -------------------------------------------------------------------------
-    def check(self, set_endpoints: Callable[[str, list[str], list[str]], None]) -> None:
-        """One round: a dead server leaves the proxy at once, then is restarted (while its budget
-        lasts; `set_endpoints(backend, add, remove)` adds it back once ready) or removed."""
+    def check(self, restart_timeout_s: float) -> None:
+        """One round of state changes: a dead server is restarted (while its budget lasts) or
+        removed; a restarted one serves again once ready, or is removed after `restart_timeout_s`.
+        What the proxy is told follows from `endpoints()` (ray_up reconciles it every round)."""
         restarting = [r for r in self.replicas if r.state == "restarting"]
         for r, ready in zip(restarting, self.probe(restarting) if restarting else [], strict=True):
             if ready:
                 r.state = "serving"
-                set_endpoints(r.command.backend, [r.url], [])
                 self.say(f"ready again: {r.name} at {r.url} (restart {r.restarts} of {self.max_restarts})")
+            elif time.monotonic() - r.started > restart_timeout_s:
+                self._remove(r, f"not ready {restart_timeout_s:.0f}s after its restart ({r.reason})")
         for r in self.replicas:
             if r.state not in ("serving", "restarting"):
                 continue
             code = self.exit_code(r)
             if code is None:
                 continue
-            if r.state == "serving":
-                set_endpoints(r.command.backend, [], [r.url])
             self.say(f"error: {r.name} at {r.url} exited ({code}); the proxy no longer sends it "
                      f"requests; last lines of its log:\n{self.log_tail(r)}")
             if r.restarts >= self.max_restarts:
-                r.state = "removed"
-                self.say(f"removed: {r.name} after {r.restarts} restart(s) (--max-restarts {self.max_restarts})")
+                self._remove(r, f"after {r.restarts} restart(s) (--max-restarts {self.max_restarts})")
                 continue
             r.restarts += 1
             try:
                 self._start(r)
-            except (self.ray.exceptions.RayError, RuntimeError) as err:
-                r.state = "removed"
-                self.say(f"removed: {r.name} could not be restarted: {type(err).__name__}: {err}")
+            except Exception as err:  # noqa: BLE001 - one replica's failure never stops the others
+                self._remove(r, f"it could not be restarted: {type(err).__name__}: {err}")
                 continue
             r.state = "restarting"
 
+    def _remove(self, r: RayReplica, why: str) -> None:
+        """Out for good: its actor killed (the server dies with it), its placement group kept
+        until the stop, so the report still names it."""
+        r.state = "removed"
+        if r.actor is not None:
+            with contextlib.suppress(Exception):
+                self.ray.kill(r.actor)
+            r.actor = None
+        self.say(f"removed: {r.name} {why}")
+
     # -- stopping -------------------------------------------------------------------------
-    def shutdown(self, grace_s: float) -> list[str]:
-        """Stop every server (SIGTERM, SIGKILL after grace), kill the actors, free the GPUs."""
+    def shutdown(self, grace_s: float, force: Callable[[], bool]) -> list[str]:
+        """Stop every server (SIGTERM, SIGKILL after grace; at once on a second signal), kill the
+        actors, free the GPUs. One deadline for all; one replica's error never skips the others."""
         from ray.util.placement_group import remove_placement_group
 
+        stops = {r.name: r.actor.stop.remote(0.0 if force() else grace_s) for r in self.replicas if r.actor is not None}
+        deadline = time.monotonic() + grace_s + 30
+        pending = list(stops.values())
+        while pending and time.monotonic() < deadline and not force():
+            pending = self.ray.wait(pending, num_returns=len(pending), timeout=0.2)[1]
         lines = []
-        stops = {r.name: r.actor.stop.remote(grace_s) for r in self.replicas if r.actor is not None}
         for r in self.replicas:
-            code = "never started"
-            if r.name in stops:
-                try:
-                    code = self.ray.get(stops[r.name], timeout=grace_s + 30)
-                except self.ray.exceptions.RayError as err:
-                    code = f"unknown ({type(err).__name__})"
-                self.ray.kill(r.actor)
-            if r.placement_group is not None:
-                remove_placement_group(r.placement_group)
-            lines.append(f"{r.name}: {r.state}, exit {code}, {r.restarts} restart(s); GPUs released")
+            code: object = "never started"
+            try:
+                if r.name in stops:
+                    ready = not self.ray.wait([stops[r.name]], timeout=0)[1]
+                    code = self.ray.get(stops[r.name]) if ready else "unknown (its actor did not answer)"
+                if r.actor is not None:
+                    self.ray.kill(r.actor)  # the server dies with it (PR_SET_PDEATHSIG) if still up
+                if r.placement_group is not None:
+                    remove_placement_group(r.placement_group)
+                lines.append(f"{r.name}: {r.state}, exit {code}, {r.restarts} restart(s); GPUs released")
+            except Exception as err:  # noqa: BLE001 - report it, and go on with the others
+                lines.append(f"{r.name}: {r.state}; error while stopping: {type(err).__name__}: {err}")
             r.state = "stopped"
-        self.ray.shutdown()
+        with contextlib.suppress(Exception):
+            self.ray.shutdown()
         return lines
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -36,20 +37,40 @@ def ray_plan_errors(plan: Plan, settings: Settings, env: Mapping[str, str], *, w
     return errors
 
 
-def _admin(proxy_url: str, key: str | None, say: Say) -> Callable[[str, list[str], list[str]], None]:
-    def set_endpoints(backend: str, add: list[str], remove: list[str]) -> None:
-        try:
-            with httpx.Client(trust_env=False, timeout=10.0) as http:
-                answer = http.post(f"{proxy_url}/admin/endpoints",
-                                   json={"backend": backend, "add": add, "remove": remove},
-                                   headers={"authorization": f"Bearer {key}"} if key else {})
-            if answer.status_code != 200:
-                say(f"warning: the proxy refused the endpoint change of {backend} (+{add} -{remove}): "
-                    f"{answer.status_code} {answer.text[:300]}")
-        except httpx.HTTPError as err:  # its probes still find a dead endpoint; a new one waits for the next change
-            say(f"warning: could not tell the proxy about {backend} (+{add} -{remove}): {err}")
+class ProxyEndpoints:
+    """Keeps the proxy's endpoint set of each Ray-placed backend equal to its serving replicas.
+    Reconciled every round against what the proxy reports (GET, then one POST per backend that
+    differs), so a change the proxy missed (unreachable, restarting) is made on a later round."""
 
-    return set_endpoints
+    def __init__(self, proxy_url: str, key: str | None, say: Say) -> None:
+        self.say, self._warned = say, False
+        self.http = httpx.Client(base_url=proxy_url, trust_env=False, timeout=10.0,
+                                 headers={"authorization": f"Bearer {key}"} if key else {})
+
+    def reconcile(self, wanted: dict[str, list[str]], backends: list[str]) -> None:
+        try:
+            listed = self.http.get("/admin/endpoints").raise_for_status().json()["backends"]
+            for backend in backends:
+                now = {e["url"] for e in listed.get(backend, []) if not e["draining"]}
+                add, remove = sorted(set(wanted.get(backend, [])) - now), sorted(now - set(wanted.get(backend, [])))
+                if add or remove:
+                    self.http.post("/admin/endpoints", json={"backend": backend, "add": add, "remove": remove}
+                                   ).raise_for_status()
+            self._warned = False
+        except (httpx.HTTPError, KeyError, ValueError) as err:  # tried again next round
+            if not self._warned:
+                self.say(f"warning: could not update the proxy's endpoints (tried again each round): {err}")
+            self._warned = True
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _write_atomically(path: Path, payload: object) -> None:
+    """Readers (tests, people) never see a half-written file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
 
 
 def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid_file: Path,
@@ -66,21 +87,21 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
 
     catch_signals()
     say(f"run directory: {run_dir}; connecting to the Ray cluster at {args.ray}")
-    code, replicas = 0, None
+    code, replicas, proxy = 0, None, None
     try:
         replicas = RayReplicas(plan.commands, address=args.ray, run_id=run_dir.name, say=say,
                                max_restarts=args.max_restarts, poll_interval_s=args.poll_interval,
-                               stop=stack.stop_requested.is_set, node_resource=args.ray_resource)
+                               stop=stack.stop_requested.is_set, pause=stack.pause,
+                               node_resource=args.ray_resource)
         catch_signals()  # ray.init sets its own SIGTERM handler (sys.exit), which would skip the clean stop
         replicas.place(args.timeout)
         replicas.start()
         replicas.wait_ready(args.timeout)
         placement_file = run_dir / "placement.json"
-        placement_file.write_text(json.dumps(replicas.placement(), indent=1))
-        set_endpoints = _admin(proxy_url, settings.proxy_api_key(), say)
+        _write_atomically(placement_file, replicas.placement())
         if not args.no_proxy:
             endpoints_file = run_dir / "endpoints.json"
-            endpoints_file.write_text(json.dumps(replicas.endpoints(), indent=1))
+            _write_atomically(endpoints_file, replicas.endpoints())
             argv = [*proxy_argv, "--endpoints", str(endpoints_file)]
             say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
             stack.wait_ready([stack.start("proxy", argv, {}, proxy_url, None)], min(args.timeout, 120.0))
@@ -88,15 +109,19 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
             + ("" if args.no_proxy else f"; proxy at {proxy_url}")
             + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
         stack.write_pid_file("running")
+        proxy = None if args.no_proxy else ProxyEndpoints(proxy_url, settings.proxy_api_key(), say)
+        launched = list(dict.fromkeys(c.backend for c in plan.commands))
         while True:
             stack.echo_logs()
             for child in stack.children:
                 exited = child.popen.poll()
                 if exited is not None:
                     raise StackFailure(f"the {child.exit_summary(exited, 'serving')}; {child.log_tail()}")
-            replicas.check(set_endpoints if not args.no_proxy else lambda *_: None)
-            placement_file.write_text(json.dumps(replicas.placement(), indent=1))
-            stack._sleep()
+            replicas.check(restart_timeout_s=args.timeout)
+            if proxy is not None:
+                proxy.reconcile(replicas.endpoints(), launched)
+            _write_atomically(placement_file, replicas.placement())
+            stack.pause()
     except StopRequested:
         say("stop requested")
     except StackFailure as failure:
@@ -111,8 +136,10 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
         for line in stack.shutdown():
             say(f"  {line}")
         if replicas is not None:
-            for line in replicas.shutdown(args.grace):
+            for line in replicas.shutdown(args.grace, force=stack.force.is_set):
                 say(f"  {line}")
+        if proxy is not None:
+            proxy.close()
         stack.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -96,7 +96,8 @@ class Stack:
             self.force.set()
         self.stop_requested.set()
 
-    def _sleep(self) -> None:
+    def pause(self) -> None:
+        """One poll interval; StopRequested as soon as a stop signal arrives."""
         if self.stop_requested.wait(self.poll_interval_s):
             raise StopRequested
 
@@ -163,7 +164,7 @@ class Stack:
             if now - last_progress >= self.progress_interval_s:
                 last_progress = now
                 self.say(self.progress_line(loading, now))
-            self._sleep()
+            self.pause()
 
     def progress_line(self, loading: list[Child], now: float) -> str:
         parts = []
@@ -194,7 +195,7 @@ class Stack:
                 signal_group(child.pid, signal.SIGKILL)
                 self.say(f"error: {child.exit_summary(code, 'serving')}; the proxy now reports "
                          f"{child.url}/v1 as not ready in /health; {child.log_tail()}")
-            self._sleep()
+            self.pause()
 
     def echo_logs(self) -> None:
         """Copy new complete log lines to the console, prefixed with the child's name."""

@@ -19,7 +19,7 @@ from proxy.config import Settings
 from proxy.edge import Edge
 from proxy.errors import ConfigError, ProxyError
 from proxy.frame_store import FrameStore
-from proxy.health import Prober
+from proxy.health import Prober, open_probe_client
 from proxy.http_errors import install_handlers
 from proxy.observe import AuditLog, Metrics
 from proxy.openapi import install_openapi
@@ -28,7 +28,7 @@ from proxy.prompts import PromptStore
 from proxy.routes import router
 from proxy.scoring import Scorer
 from proxy.shutdown import ShutdownGate
-from proxy.upstream import UpstreamClient, open_probe_client, open_session
+from proxy.upstream import UpstreamClient, open_session
 
 log = logging.getLogger("vlm_reward_proxy")
 

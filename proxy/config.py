@@ -263,6 +263,9 @@ def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = 
     knows them only once Ray has placed the replicas)."""
     path = Path(path)
     data = read_config(path)
+    if endpoints is not None and not (isinstance(endpoints, dict) and all(
+            isinstance(u, list) and all(isinstance(x, str) for x in u) for u in endpoints.values())):
+        raise ConfigError("endpoints must map backend names to lists of URLs, e.g. {\"qwen\": [\"http://h:8001/v1\"]}")
     for name, urls in (endpoints or {}).items():
         backend = (data.get("backends") or {}).get(name)
         if not isinstance(backend, dict):

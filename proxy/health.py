@@ -80,6 +80,13 @@ async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, ti
     return Readiness(True, None, now)
 
 
+def open_probe_client(keepalive_s: float = 4.0) -> httpx.AsyncClient:
+    """The prober's client: one small GET per endpoint per interval. httpx, as `probe` is shared
+    with the synchronous launcher; idle connections expire before vLLM's 5 s keep-alive does."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=64, keepalive_expiry=keepalive_s),
+                             timeout=httpx.Timeout(30.0, connect=5.0), trust_env=False)
+
+
 class Prober:
     """Probe every endpoint every `interval_s`; keep the latest result per endpoint."""
 

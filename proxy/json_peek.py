@@ -24,6 +24,7 @@ _STRUCTURAL = re.compile(rb'["\[\]{}]')
 _NOT_SPACE = re.compile(rb"[^ \t\n\r]")
 _SCALAR_END = re.compile(rb"[,}\] \t\n\r]")
 _CLOSES = {ord("]"): ord("["), ord("}"): ord("{")}
+_BOM = b"\xef\xbb\xbf"
 _SPACE = frozenset(b" \t\n\r")
 _QUOTE, _BACKSLASH, _COLON = ord('"'), ord("\\"), ord(":")
 
@@ -94,7 +95,7 @@ def _container_end(raw: bytes, start: int) -> int:
 
 def peek_fields(raw: bytes, wanted: frozenset[str]) -> dict[str, Field]:
     """The wanted top-level keys present in the JSON object `raw`, with their values and spans."""
-    pos = _next_token(raw, 0)
+    pos = _next_token(raw, len(_BOM) if raw.startswith(_BOM) else 0)  # json.loads(bytes) allows a BOM
     if pos >= len(raw) or raw[pos] != ord("{"):
         raise NotJsonObject("the body is not a JSON object")
     found: dict[str, Field] = {}
@@ -112,8 +113,7 @@ def peek_fields(raw: bytes, wanted: frozenset[str]) -> dict[str, Field]:
         if start >= len(raw):
             raise NotJsonObject("the body ends inside the object")
         end = _value_end(raw, start)
-        key_bytes = raw[pos + 1:key_end - 1]
-        key = json.loads(raw[pos:key_end]) if b"\\" in key_bytes else key_bytes.decode("utf-8", "replace")
+        key = _key(raw[pos:key_end])
         if key in wanted:
             if key in found:
                 raise NotJsonObject(f"'{key}' is given twice")
@@ -124,6 +124,14 @@ def peek_fields(raw: bytes, wanted: frozenset[str]) -> dict[str, Field]:
         if pos >= len(raw) or raw[pos] != ord(","):
             raise NotJsonObject(f"expected ',' or '}}' at byte {pos}")
         pos = _next_token(raw, pos + 1)
+
+
+def _key(quoted: bytes) -> str:
+    inner = quoted[1:-1]
+    try:  # escapes are rare in keys: only then the JSON decoder
+        return json.loads(quoted) if b"\\" in inner else inner.decode("utf-8")
+    except ValueError as err:  # a bad escape, or bytes that are not UTF-8
+        raise NotJsonObject(f"a key is not a valid JSON string ({err})") from err
 
 
 def _decode(raw: bytes, key: str, start: int, end: int) -> Any:

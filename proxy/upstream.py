@@ -1,7 +1,7 @@
 """The only module that talks to `vllm serve`, and the only place its failures are translated.
 
 One shared aiohttp session per process (connection pool, keep-alive) for the calls; the health
-prober's GETs use one httpx client (`open_probe_client`). Which endpoint to call
+prober's GETs are health.py's (one httpx client, `open_probe_client`). Which endpoint to call
 is pool.py's business; this module makes the call and turns every failure into a ProxyError.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 
 import aiohttp
 import aiohttp.http_exceptions
-import httpx
 
 from proxy.errors import (
     MediaKwargsRefused,
@@ -122,13 +121,6 @@ def open_session() -> aiohttp.ClientSession:
         connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
         trust_env=False,  # upstreams are addressed directly, never via env proxies
         skip_auto_headers=("User-Agent",))
-
-
-def open_probe_client() -> httpx.AsyncClient:
-    """The health prober's client: one small GET per endpoint per interval (proxy/health.py's
-    `probe` is shared with the synchronous launcher, which runs it on httpx)."""
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S),
-                             timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S), trust_env=False)
 
 
 class UpstreamClient:

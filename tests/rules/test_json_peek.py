@@ -41,6 +41,11 @@ def test_splicing_a_field_changes_that_field_only(obj, spelling, key, replacemen
     assert json.loads(splice(raw, field, replacement)) == {**obj, key: replacement}
 
 
+def test_a_leading_utf8_bom_is_read_as_json_loads_reads_it():
+    raw = b"\xef\xbb\xbf" + json.dumps({"model": "m"}).encode()
+    assert peek_fields(raw, frozenset({"model"}))["model"].value == json.loads(raw)["model"] == "m"
+
+
 def test_quotes_and_backslash_runs_inside_strings_do_not_end_them():
     raw = json.dumps({"messages": ['a \\" b', "\\\\", 'end"quote\\'], "model": "m", "x": "\\"}).encode()
     assert peek_fields(raw, frozenset({"model"}))["model"].value == "m"
@@ -62,6 +67,8 @@ def test_quotes_and_backslash_runs_inside_strings_do_not_end_them():
     (b'{"model" "m"}', "expected ':'"),
     (b'{model: "m"}', "expected a key"),
     (b'{"model": nope}', "no valid JSON value"),
+    (b'{"\\q": 1, "model": "m"}', "a key is not a valid JSON string"),  # a bad escape (json.loads refuses it)
+    (b'{"\xff": 1, "model": "m"}', "a key is not a valid JSON string"),  # not UTF-8
 ])
 def test_what_is_not_one_object_is_refused_with_a_reason(raw, reason):
     with pytest.raises(NotJsonObject, match=reason):
