@@ -10,18 +10,17 @@ import argparse
 import logging
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from launchers.commands import shell_line, url_host
 from launchers.detach import run_detached
+from launchers.lifecycle import StopSignals, run_until_stopped
 from launchers.pidfile import read_pid_file, stop_from_pid_file, up_is_running
 from launchers.plan import Plan, gpu_assignment, plan_stack, ports_in_use
 from launchers.ray_up import ray_plan_errors, run_up_ray
-from launchers.supervisor import Stack, StackFailure, StopRequested
+from launchers.supervisor import Stack
 from proxy.config import Settings, load_settings
 from proxy.errors import ConfigError
 from proxy.launch_config import connect_host
@@ -184,13 +183,11 @@ def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid
     stack = Stack(run_dir, say=say, pid_file=pid_file, config_path=config_path,
                   poll_interval_s=args.poll_interval, progress_interval_s=args.progress_interval,
                   grace_s=args.grace, echo=args.logs)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, stack.on_signal)
-    code = 0
+    signals = StopSignals(stack)
+    signals.catch()
     say(f"run directory: {run_dir}")
-    try:
+
+    def run() -> None:
         replicas = [stack.start_replica(command) for command in plan.commands]
         stack.wait_ready(replicas, args.timeout)
         if not args.no_proxy:
@@ -204,20 +201,16 @@ def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid
             + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
         stack.write_pid_file("running")
         stack.monitor()
-    except StopRequested:
-        say("stop requested")
-    except StackFailure as failure:
-        warn(f"error: {failure}")
-        code = 1
+
+    try:
+        return run_until_stopped(run, say=say, warn=warn)
     finally:
         say("stopping: SIGTERM to every process group"
             + (f", SIGKILL after {args.grace:g}s" if stack.children else ""))
         for line in stack.shutdown():
             say(f"  {line}")
         stack.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return code
+        signals.restore()
 
 
 def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path,

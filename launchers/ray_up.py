@@ -7,15 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from launchers.commands import shell_line
+from launchers.lifecycle import StopSignals, run_until_stopped
 from launchers.plan import Plan
 from launchers.ray_stack import RayReplicas
 from launchers.supervisor import Stack, StackFailure, StopRequested
@@ -77,23 +75,27 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
                args: argparse.Namespace, *, say: Say, warn: Say, proxy_argv: list[str], proxy_url: str) -> int:
     stack = Stack(run_dir, say=say, pid_file=pid_file, config_path=config_path, poll_interval_s=args.poll_interval,
                   progress_interval_s=args.progress_interval, grace_s=args.grace, echo=args.logs)
-    previous: dict[int, Any] = {}
-
-    def catch_signals() -> None:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                old = signal.signal(signum, stack.on_signal)
-                previous.setdefault(signum, old)
-
-    catch_signals()
+    signals = StopSignals(stack)
+    signals.catch()
     say(f"run directory: {run_dir}; connecting to the Ray cluster at {args.ray}")
-    code, replicas, proxy = 0, None, None
-    try:
+    placed: list[RayReplicas] = []
+    proxy: list[ProxyEndpoints] = []
+
+    def run() -> None:
+        try:
+            serve()
+        except (StackFailure, StopRequested):
+            raise
+        except Exception as err:  # Ray's own: no cluster at the address, a version mismatch, a lost node
+            raise StackFailure(f"{type(err).__name__} from the Ray cluster at {args.ray}: {err}") from err
+
+    def serve() -> None:
         replicas = RayReplicas(plan.commands, address=args.ray, run_id=run_dir.name, say=say,
                                max_restarts=args.max_restarts, poll_interval_s=args.poll_interval,
                                stop=stack.stop_requested.is_set, pause=stack.pause,
                                node_resource=args.ray_resource)
-        catch_signals()  # ray.init sets its own SIGTERM handler (sys.exit), which would skip the clean stop
+        placed.append(replicas)
+        signals.catch()  # ray.init sets its own SIGTERM handler (sys.exit), which would skip the clean stop
         replicas.place(args.timeout)
         replicas.start()
         replicas.wait_ready(args.timeout)
@@ -105,42 +107,32 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
             argv = [*proxy_argv, "--endpoints", str(endpoints_file)]
             say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
             stack.wait_ready([stack.start("proxy", argv, {}, proxy_url, None)], min(args.timeout, 120.0))
+            proxy.append(ProxyEndpoints(proxy_url, settings.proxy_api_key(), say))
         say(f"stack is up: {', '.join(r.name for r in replicas.replicas)} placed by Ray"
             + ("" if args.no_proxy else f"; proxy at {proxy_url}")
             + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
         stack.write_pid_file("running")
-        proxy = None if args.no_proxy else ProxyEndpoints(proxy_url, settings.proxy_api_key(), say)
         launched = list(dict.fromkeys(c.backend for c in plan.commands))
         while True:
             stack.echo_logs()
-            for child in stack.children:
-                exited = child.popen.poll()
-                if exited is not None:
-                    raise StackFailure(f"the {child.exit_summary(exited, 'serving')}; {child.log_tail()}")
+            stack.check_proxy()
             replicas.check(restart_timeout_s=args.timeout)
-            if proxy is not None:
-                proxy.reconcile(replicas.endpoints(), launched)
+            for p in proxy:
+                p.reconcile(replicas.endpoints(), launched)
             _write_atomically(placement_file, replicas.placement())
             stack.pause()
-    except StopRequested:
-        say("stop requested")
-    except StackFailure as failure:
-        warn(f"error: {failure}")
-        code = 1
-    except Exception as err:  # noqa: BLE001 - Ray's own errors (no cluster at the address, ...)
-        warn(f"error: {type(err).__name__}: {err}")
-        code = 1
+
+    try:
+        return run_until_stopped(run, say=say, warn=warn)
     finally:
         say("stopping: the proxy, then every replica (SIGTERM, SIGKILL after "
             f"{args.grace:g}s), its actor and its placement group")
         for line in stack.shutdown():
             say(f"  {line}")
-        if replicas is not None:
+        for replicas in placed:
             for line in replicas.shutdown(args.grace, force=stack.force.is_set):
                 say(f"  {line}")
-        if proxy is not None:
-            proxy.close()
+        for p in proxy:
+            p.close()
         stack.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return code
+        signals.restore()

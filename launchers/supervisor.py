@@ -179,18 +179,24 @@ class Stack:
                           + (f"; ready: {', '.join(done)}" if done else ""), *parts])
 
     # -- running -----------------------------------------------------------------------------
+    def check_proxy(self) -> None:
+        """The proxy dying fails the stack."""
+        for child in self.children:
+            code = child.popen.poll()
+            if child.model is None and code is not None:
+                child.exit_reported = True
+                raise StackFailure(f"the {child.exit_summary(code, 'serving')}; {child.log_tail()}")
+
     def monitor(self) -> None:
         """Until a stop is requested; a vLLM server that dies is reported, the proxy dying fails."""
         while True:
             self.echo_logs()
+            self.check_proxy()
             for child in self.children:
                 code = child.popen.poll()
                 if code is None or child.exit_reported:
                     continue
                 child.exit_reported = True
-                if child.model is None:
-                    raise StackFailure(f"the {child.exit_summary(code, 'serving')}; "
-                                       f"{child.log_tail()}")
                 # Its tensor-parallel workers are useless now and may hold GPU memory.
                 signal_group(child.pid, signal.SIGKILL)
                 self.say(f"error: {child.exit_summary(code, 'serving')}; the proxy now reports "
