@@ -45,6 +45,7 @@ class Endpoint:
     trial_in_flight: bool = False
     last_failure: str | None = None  # why the last request or probe failed, for messages
     draining: bool = False  # removed at run time: no new calls; gone from the pool when the last ends
+    answered_at: float = 0.0  # time.time() of its last good call or probe: newer than a failed probe, it wins
 
     @property
     def circuit_open(self) -> bool:
@@ -244,6 +245,7 @@ class EndpointPool:
 
     # -- outcomes ------------------------------------------------------------------------------
     def record_success(self, endpoint: Endpoint) -> None:
+        endpoint.answered_at = time.time()
         endpoint.consecutive_failures = 0
         endpoint.open_until = 0.0
 

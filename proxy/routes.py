@@ -192,8 +192,8 @@ async def _client_gone(request: Request) -> None:
                                         "content": {"application/json": {"schema": {"type": "object"}}}}})
 async def health(request: Request) -> JSONResponse:
     """From the prober's cache and the requests' outcomes: no upstream call per request. A backend
-    is ready when any of its endpoints passed its last probe, is in rotation (not draining
-    either), and has not failed a request since."""
+    is ready when any of its endpoints passed its last probe (or answered a call since a failed
+    one), is in rotation (not draining either), and has not failed a request since."""
     registry: BackendRegistry = request.app.state.registry
     prober: Prober = request.app.state.prober
     backends: dict[str, Any] = {}
@@ -202,12 +202,14 @@ async def health(request: Request) -> JSONResponse:
         for endpoint in backend.pool.endpoints:
             readiness = prober.readiness(backend.name, endpoint.base_url)
             circuit = endpoint.state()
-            # The newest evidence wins: requests that failed since the last good probe or call.
+            # The newest evidence wins: requests that failed since the last good probe or call, or
+            # a call it answered since a failed probe (a server restarted between two probes).
             failing = endpoint.consecutive_failures > 0
+            answered = readiness.ready or endpoint.answered_at > readiness.checked_at
             endpoints.append({"url": endpoint.base_url, "in_flight": endpoint.in_flight, "circuit": circuit,
                               "draining": endpoint.draining, **readiness.as_dict(),
-                              "ready": readiness.ready and circuit != "open" and not failing and not endpoint.draining,
-                              "reason": endpoint.last_failure if failing else readiness.reason})
+                              "ready": answered and circuit != "open" and not failing and not endpoint.draining,
+                              "reason": endpoint.last_failure if failing else (None if answered else readiness.reason)})
         backends[backend.name] = {"model": backend.config.model, "aliases": backend.config.aliases,
                                   "ready": any(e["ready"] for e in endpoints), "queue": backend.pool.waiting,
                                   "endpoints": endpoints}

@@ -5,6 +5,7 @@ HTTP head off a raw socket."""
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -21,13 +22,35 @@ PRIMO_REPLY = ("<think><planning>1. grasp 2. place</planning><observation>bowl m
                "<reasoning>step 1 of 2 done</reasoning></think><answer>60</answer>")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all bound at once, so none is handed out twice)."""
+    """Distinct free loopback ports, below the kernel's ephemeral range (all bound at once, so
+    none is handed out twice). A port from bind(0) is an ephemeral one, and the kernel may hand
+    it to any outgoing connection or bind(0) before the server binds it: a real vLLM loading
+    for a minute opens many (one took the proxy's port in a CI run). These it never hands out."""
+    rng = random.SystemRandom()
+    low = min(_ephemeral_low(), 65536)
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
+        ports: list[int] = []
+        for _ in range(1000 * count):
+            if len(ports) == count:
+                return ports
+            port = rng.randrange(10000, low)
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use (or ours already)
+                continue
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free loopback ports between 10000 and {low}")
 
 
 def free_port() -> int:

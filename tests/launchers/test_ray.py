@@ -150,8 +150,8 @@ def test_up_ray_places_serves_restarts_and_leaves_nothing(cluster, reaper, fake_
         wait_for_line(out, popen, f"error: {victim['name']} at {victim['url']} exited")
         for _ in range(4):  # the other replica carries the backend meanwhile
             assert score(http).status_code == 200
-        wait_for_line(out, popen, f"ready again: {victim['name']}")
-        assert victim["url"] in admin_urls(http, "PRIMO-R1")
+        wait_for_line(out, popen, f"ready again: {victim['name']}")  # said before the proxy is told
+        wait_until(lambda: victim["url"] in admin_urls(http, "PRIMO-R1"), 30, "the proxy to take it back")
         restarted = next(p for p in placement(tmp_path) if p["name"] == victim["name"])
         assert restarted["restarts"] == 1 and restarted["pid"] != victim["pid"]
         before = calls_to(http, victim["url"])

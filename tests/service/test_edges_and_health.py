@@ -73,6 +73,21 @@ def test_one_failed_probe_does_not_open_the_circuit(proxy_factory, fake_vllm_fac
         wait_until(lambda: _endpoint(http)["circuit"] == "closed", 10, "a good probe to close it")
 
 
+def test_a_call_answered_after_a_failed_probe_is_newer_evidence(proxy_factory, fake_vllm_factory, fake_primo,
+                                                                media_root):
+    # A server restarted between two probes: its last probe failed, then it answered a request.
+    restarted = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, healthy=False)
+    server = _proxy(proxy_factory, [restarted.base_url], fake_primo.base_url, media_root,
+                    {"circuit": {"failures": 3, "cooldown_s": 60}}, health_interval_s=60)  # no probe but the first
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert not _endpoint(http)["ready"] and http.get("/health").json()["status"] == "degraded"
+        restarted.config.healthy = True
+        episode = {"task_text": "t", "frames_npy": npy_b64(episode_frames(4, 56, 56)), "backend": QWEN}
+        assert http.post("/score", json=episode).status_code == 200
+        endpoint = _endpoint(http)
+        assert endpoint["ready"] and endpoint["reason"] is None and http.get("/health").json()["status"] == "ok"
+
+
 def test_health_answers_from_the_probes_cache(proxy_factory, fake_qwen, fake_primo, media_root):
     server = _proxy(proxy_factory, [fake_qwen.base_url], fake_primo.base_url, media_root, health_interval_s=60)
     before = fake_qwen.fake.state.readiness_gets
