@@ -30,12 +30,16 @@ __all__ = ["read_pid_file", "stop_from_pid_file", "up_is_running", "write_pid_fi
 Say = Callable[[str], None]
 
 
-def write_pid_file(path: Path, data: dict[str, Any]) -> None:
-    """Atomically: `down` or a second `up` never reads half a file."""
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Whoever reads it (`down`, a second `up`, a test) never reads half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
+
+
+def write_pid_file(path: Path, data: dict[str, Any]) -> None:
+    write_json_atomically(path, data)
 
 
 def read_pid_file(path: Path) -> dict | None:

@@ -10,19 +10,16 @@ cluster either way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from launchers import ray_replica
 from launchers.commands import ReplicaCommand, url_host
 from launchers.supervisor import StackFailure, StopRequested
-from proxy.health import probe
+from proxy.health import Readiness
 from proxy.launch_config import WILDCARD_HOSTS
 
 __all__ = ["NAMESPACE", "RayReplica", "RayReplicas"]
@@ -68,7 +65,8 @@ class RayReplica:
 class RayReplicas:
     def __init__(self, commands: list[ReplicaCommand], *, address: str, run_id: str, say: Say,
                  max_restarts: int, poll_interval_s: float, stop: Callable[[], bool],
-                 pause: Callable[[], None], node_resource: str | None = None) -> None:
+                 pause: Callable[[], None], probe_all: Callable[[list[tuple]], list[Readiness]],
+                 node_resource: str | None = None) -> None:
         import ray
 
         self.ray, self.say, self.max_restarts = ray, say, max_restarts
@@ -76,7 +74,7 @@ class RayReplicas:
         # workers to GPUs itself without reserving Ray's GPU resource, so only separate nodes
         # keep the two apart (docs/ray.md).
         self.pinned = {node_resource: 1} if node_resource else {}
-        self.poll_interval_s, self._stop, self._pause = poll_interval_s, stop, pause
+        self.poll_interval_s, self._stop, self._pause, self._probe_all = poll_interval_s, stop, pause, probe_all
         self.run_id = run_id
         self.replicas = [RayReplica(c) for c in commands]
         ray.cloudpickle.register_pickle_by_value(ray_replica)  # the nodes need ray, not this project
@@ -137,15 +135,10 @@ class RayReplicas:
 
     # -- readiness ------------------------------------------------------------------------
     def probe(self, replicas: list[RayReplica]) -> list[bool]:
-        async def all_of() -> list[bool]:
-            async with httpx.AsyncClient(trust_env=False, timeout=2.0) as http:
-                results = await asyncio.gather(*(probe(http, r.url, r.command.model, timeout_s=2.0,
-                                                       api_key=r.command.api_key) for r in replicas))
-            for r, readiness in zip(replicas, results, strict=True):
-                r.reason = readiness.reason or ""
-            return [readiness.ready for readiness in results]
-
-        return asyncio.run(all_of())
+        results = self._probe_all([(r.url, r.command.model, r.command.api_key) for r in replicas])
+        for r, readiness in zip(replicas, results, strict=True):
+            r.reason = readiness.reason or ""
+        return [readiness.ready for readiness in results]
 
     def exit_code(self, r: RayReplica) -> int | str | None:
         """None while its server runs; the exit code, or why the actor is gone. An actor that

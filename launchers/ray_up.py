@@ -5,8 +5,6 @@ the replicas that serve (through its admin route), until a stop; then everything
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import httpx
 
 from launchers.commands import shell_line
 from launchers.lifecycle import StopSignals, run_until_stopped
+from launchers.pidfile import write_json_atomically
 from launchers.plan import Plan
 from launchers.ray_stack import RayReplicas
 from launchers.supervisor import Stack, StackFailure, StopRequested
@@ -64,13 +63,6 @@ class ProxyEndpoints:
         self.http.close()
 
 
-def _write_atomically(path: Path, payload: object) -> None:
-    """Readers (tests, people) never see a half-written file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
-
-
 def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid_file: Path,
                args: argparse.Namespace, *, say: Say, warn: Say, proxy_argv: list[str], proxy_url: str) -> int:
     stack = Stack(run_dir, say=say, pid_file=pid_file, config_path=config_path, poll_interval_s=args.poll_interval,
@@ -92,7 +84,7 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
     def serve() -> None:
         replicas = RayReplicas(plan.commands, address=args.ray, run_id=run_dir.name, say=say,
                                max_restarts=args.max_restarts, poll_interval_s=args.poll_interval,
-                               stop=stack.stop_requested.is_set, pause=stack.pause,
+                               stop=stack.stop_requested.is_set, pause=stack.pause, probe_all=stack.probe_all,
                                node_resource=args.ray_resource)
         placed.append(replicas)
         signals.catch()  # ray.init sets its own SIGTERM handler (sys.exit), which would skip the clean stop
@@ -100,10 +92,10 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
         replicas.start()
         replicas.wait_ready(args.timeout)
         placement_file = run_dir / "placement.json"
-        _write_atomically(placement_file, replicas.placement())
+        write_json_atomically(placement_file, replicas.placement())
         if not args.no_proxy:
             endpoints_file = run_dir / "endpoints.json"
-            _write_atomically(endpoints_file, replicas.endpoints())
+            write_json_atomically(endpoints_file, replicas.endpoints())
             argv = [*proxy_argv, "--endpoints", str(endpoints_file)]
             say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
             stack.wait_ready([stack.start("proxy", argv, {}, proxy_url, None)], min(args.timeout, 120.0))
@@ -119,7 +111,7 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
             replicas.check(restart_timeout_s=args.timeout)
             for p in proxy:
                 p.reconcile(replicas.endpoints(), launched)
-            _write_atomically(placement_file, replicas.placement())
+            write_json_atomically(placement_file, replicas.placement())
             stack.pause()
 
     try:

@@ -26,7 +26,7 @@ from launchers.commands import ReplicaCommand, shell_line
 from launchers.logs import indent, last_error_line, tail_lines
 from launchers.pidfile import read_pid_file, write_pid_file
 from launchers.processes import describe_exit, group_members, live_groups, process_start_time, signal_group
-from proxy.health import probe
+from proxy.health import Readiness, probe
 
 __all__ = ["Child", "Stack", "StackFailure", "StopRequested"]
 
@@ -131,11 +131,18 @@ class Stack:
         self.say(f"  pid {child.pid}")
         return child
 
+    def probe_all(self, targets: list[tuple[str, str | None, str | None]]) -> list[Readiness]:
+        """The proxy's own readiness probe (proxy/health.py) of each (base URL, model, key), all at
+        once, on this stack's private loop and client."""
+        async def all_of() -> list[Readiness]:
+            return await asyncio.gather(*(probe(self._http, url, model, timeout_s=2.0, api_key=key)
+                                          for url, model, key in targets))
+
+        return self._loop.run_until_complete(all_of())
+
     def probe(self, child: Child) -> bool:
-        """The proxy's own readiness probe (proxy/health.py), run on this stack's private loop."""
         base_url = child.url if child.model is None else child.url + "/v1"
-        readiness = self._loop.run_until_complete(
-            probe(self._http, base_url, child.model, timeout_s=2.0, api_key=child.api_key))
+        readiness = self.probe_all([(base_url, child.model, child.api_key)])[0]
         child.reason = readiness.reason or ""
         return readiness.ready
 

@@ -24,8 +24,8 @@ from proxy.backends import Backend, BackendRegistry
 from proxy.config import ENDPOINT_URL_PATTERN, endpoint_url
 from proxy.errors import AdminDisabled, InvalidRequest
 from proxy.health import Prober
+from proxy.http_errors import error_answers
 from proxy.observe import Metrics
-from proxy.schemas import ErrorBody
 
 __all__ = ["ChangeAnswer", "EndpointChange", "EndpointsAnswer", "router"]
 
@@ -43,13 +43,10 @@ async def _admin_enabled(request: Request) -> None:
                             "never answer without a bearer token")
 
 
-_ERRORS = {401: "missing or wrong bearer token (proxy.api_key_env)",
-           403: "admin_disabled: admin routes need proxy.api_key_env", 500: "a bug (logged with its traceback)",
-           503: "the proxy is shutting down (Retry-After)"}
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorBody, "description": _ERRORS[status]} for status in statuses}
+_ADMIN_MEANINGS = {403: "admin_disabled: admin routes need proxy.api_key_env",
+                   503: "the proxy is shutting down (Retry-After)",
+                   404: "unknown backend (the message lists them)",
+                   422: "a bad field; `field` names it (a URL that is not an endpoint, one both added and removed)"}
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(_admin_enabled)])
@@ -91,7 +88,8 @@ def endpoint_views(backend: Backend) -> list[dict[str, Any]]:
             for e in backend.pool.endpoints]
 
 
-@router.get("/endpoints", response_model=EndpointsAnswer, responses=_errors(401, 403, 500, 503))
+@router.get("/endpoints", response_model=EndpointsAnswer,
+            responses=error_answers(401, 403, 500, 503, meanings=_ADMIN_MEANINGS))
 async def list_endpoints(request: Request) -> dict[str, Any]:
     """Every backend's endpoints now (those draining included)."""
     registry: BackendRegistry = request.app.state.registry
@@ -99,10 +97,7 @@ async def list_endpoints(request: Request) -> dict[str, Any]:
 
 
 @router.post("/endpoints", response_model=ChangeAnswer,
-             responses={**_errors(401, 403, 500, 503),
-                        404: {"model": ErrorBody, "description": "unknown backend (the message lists them)"},
-                        422: {"model": ErrorBody, "description": "a bad field; `field` names it (a URL that is "
-                                                                 "not an endpoint, one both added and removed)"}})
+             responses=error_answers(401, 403, 404, 422, 500, 503, meanings=_ADMIN_MEANINGS))
 async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, Any]:
     """Add and remove one backend's endpoints; removing drains (calls in flight end normally)."""
     backend = request.app.state.registry.resolve(body.backend)

@@ -10,6 +10,8 @@ request's scope for the request counter.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -17,10 +19,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
 from proxy.errors import InvalidRequest, MethodNotAllowed, ProxyError, RouteNotFound
-from proxy.schemas import validation_error
+from proxy.schemas import ErrorBody, validation_error
 from vlm_protocol.wire import REQUEST_ID_HEADER
 
-__all__ = ["error_response", "install_handlers"]
+__all__ = ["error_answers", "error_response", "install_handlers"]
+
+
+ERROR_MEANINGS = {
+    401: "missing or wrong bearer token (proxy.api_key_env)", 403: "video_path outside the allowed roots",
+    404: "unknown backend", 413: "body over proxy.max_body_mb", 422: "a bad field; `field` names it",
+    429: "the backend's admission queue is full (Retry-After)", 500: "a bug (logged with its traceback)",
+    502: "vLLM failed, or its replies held no declared answer",
+    503: "no replica reachable, or the proxy is shutting down (Retry-After)",
+    504: "vLLM did not answer within the deadline (or the caller's budget)"}
+
+
+def error_answers(*statuses: int, meanings: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The error answers a route can give (OpenAPI `responses`), all in the one error shape;
+    `meanings` says what a status means on that route where it differs."""
+    said = {**ERROR_MEANINGS, **(meanings or {})}
+    return {status: {"model": ErrorBody, "description": said[status]} for status in statuses}
 
 
 def error_response(err: ProxyError, scope: Scope) -> JSONResponse:

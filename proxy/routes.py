@@ -16,6 +16,7 @@ from proxy.compare import Comparer
 from proxy.dense import DenseRequest, DenseResponse, score_dense
 from proxy.errors import InvalidRequest
 from proxy.health import Prober
+from proxy.http_errors import error_answers
 from proxy.observe import Metrics
 from proxy.passthrough import ChatPassthrough, routing_fields
 from proxy.schemas import (
@@ -25,7 +26,6 @@ from proxy.schemas import (
     BatchScoreResponse,
     CompareRequest,
     CompareResponse,
-    ErrorBody,
     ScoreRequest,
     ScoreResponse,
 )
@@ -33,19 +33,6 @@ from proxy.scoring import Scorer
 from vlm_protocol.wire import BUDGET_HEADER
 
 router = APIRouter()
-
-_MEANING = {401: "missing or wrong bearer token (proxy.api_key_env)", 403: "video_path outside the allowed roots",
-            404: "unknown backend", 413: "body over proxy.max_body_mb", 422: "a bad field; `field` names it",
-            429: "the backend's admission queue is full (Retry-After)", 500: "a bug (logged with its traceback)",
-            502: "vLLM failed, or its replies held no declared answer",
-            503: "no replica reachable, or the proxy is shutting down (Retry-After)",
-            504: "vLLM did not answer within the deadline (or the caller's budget)"}
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The error answers a route can give, all in the one error shape."""
-    return {status: {"model": ErrorBody, "description": _MEANING[status]} for status in statuses}
-
 
 _ALWAYS = (401, 500, 503)  # any route but /health: auth, a bug, shutting down
 _CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
@@ -89,21 +76,21 @@ def budget_of(request: Request) -> float | None:
 
 
 @router.post("/score", response_model=ScoreResponse,
-             responses=_errors(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+             responses=error_answers(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
 async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> ScoreResponse:
     result = await scorer.score(body, budget_s=budget_of(request))
     request.state.backend = result.backend
     return result
 
 
-@router.post("/score/batch", response_model=BatchScoreResponse, responses=_errors(*_ALWAYS, 413, 422))
+@router.post("/score/batch", response_model=BatchScoreResponse, responses=error_answers(*_ALWAYS, 413, 422))
 async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerDep) -> JSONResponse:
     check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
     return _batch_answer(request, await scorer.score_batch(body.items, budget_s=budget_of(request)))
 
 
 @router.post("/score/dense", response_model=DenseResponse,
-             responses=_errors(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+             responses=error_answers(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
 async def score_dense_route(body: DenseRequest, request: Request, scorer: ScorerDep) -> DenseResponse:
     """One episode's progress curve: `points` prefixes (or `prefix_ends`) scored concurrently, one call each."""
     result = await score_dense(scorer, body, budget_s=budget_of(request))
@@ -126,7 +113,7 @@ ComparerDep = Annotated[Comparer, Depends(_comparer)]
 
 
 @router.post("/compare", response_model=CompareResponse,
-             responses=_errors(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+             responses=error_answers(*_ALWAYS, 403, 404, 413, 422, 429, 502, 504))
 async def compare(body: CompareRequest, request: Request, comparer: ComparerDep) -> CompareResponse:
     """Two episodes of one task → RL-VLM-F's label: 0 the first is better, 1 the second, -1 no preference."""
     result = await comparer.compare(body, budget_s=budget_of(request))
@@ -134,13 +121,13 @@ async def compare(body: CompareRequest, request: Request, comparer: ComparerDep)
     return result
 
 
-@router.post("/compare/batch", response_model=BatchCompareResponse, responses=_errors(*_ALWAYS, 413, 422))
+@router.post("/compare/batch", response_model=BatchCompareResponse, responses=error_answers(*_ALWAYS, 413, 422))
 async def compare_batch(body: BatchCompareRequest, request: Request, comparer: ComparerDep) -> JSONResponse:
     check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
     return _batch_answer(request, await comparer.compare_batch(body.items, budget_s=budget_of(request)))
 
 
-@router.get("/v1/models", responses=_errors(*_ALWAYS))
+@router.get("/v1/models", responses=error_answers(*_ALWAYS))
 async def models(passthrough: PassthroughDep) -> JSONResponse:
     listed = passthrough.models()
     listed["data"] += model_cards(passthrough.registry)  # score:<backend>, chat_scoring.py
@@ -148,7 +135,7 @@ async def models(passthrough: PassthroughDep) -> JSONResponse:
 
 
 @router.post("/v1/chat/completions", openapi_extra={"requestBody": _CHAT_BODY},
-             responses={**_errors(*_ALWAYS, 404, 413, 422, 429, 502, 504),
+             responses={**error_answers(*_ALWAYS, 404, 413, 422, 429, 502, 504),
                         200: {"description": "the completion, or a text/event-stream when stream is true",
                               "content": {"application/json": {}, "text/event-stream": {}}},
                         400: _RELAYED})
@@ -221,7 +208,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if any(ready) else 503)
 
 
-@router.get("/metrics", responses={**_errors(401, 500),
+@router.get("/metrics", responses={**error_answers(401, 500),
                                    200: {"content": {"text/plain; version=0.0.4; charset=utf-8": {}},
                                          "description": "Prometheus text format"}})
 async def metrics(request: Request) -> Response:
