@@ -38,6 +38,8 @@ MANAGED_FLAGS = {
     "--host": "launch.host",
     "--port": "launch.replicas[].port",
     "--seed": "launch.seed",
+    "--runner": "backends.<name>.kind (embedding: --runner pooling --convert embed)",
+    "--convert": "backends.<name>.kind (embedding: --runner pooling --convert embed)",
     "--api-key": "backends.<name>.api_key_env (passed to vLLM as VLLM_API_KEY)",
 }
 
@@ -71,8 +73,9 @@ def default_limit_mm(backend: BackendConfig) -> dict[str, int]:
 def vllm_argv(*, model_path: str, served_model_name: str, tensor_parallel_size: int,
               max_model_len: int, gpu_memory_utilization: float, limit_mm: Mapping[str, int],
               host: str, port: int, seed: int, extra_args: list[str] | tuple[str, ...] = (),
-              vllm: str = "vllm") -> list[str]:
-    """`vllm serve MODEL ...`, flags in a fixed order (docs/stack.md shows the lines), then extra_args."""
+              vllm: str = "vllm", embedding: bool = False) -> list[str]:
+    """`vllm serve MODEL ...`, flags in a fixed order (docs/stack.md shows the lines), then extra_args.
+    `embedding`: served as a pooling model answering /v1/embeddings (a backend of kind embedding)."""
     return [
         vllm, "serve", model_path,
         "--served-model-name", served_model_name,
@@ -85,6 +88,7 @@ def vllm_argv(*, model_path: str, served_model_name: str, tensor_parallel_size: 
         "--host", host,
         "--port", str(port),
         "--seed", str(seed),
+        *(("--runner", "pooling", "--convert", "embed") if embedding else ()),
         *extra_args,
     ]
 
@@ -222,7 +226,7 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
             tensor_parallel_size=launch.tensor_parallel_size, max_model_len=launch.max_model_len,
             gpu_memory_utilization=launch.gpu_memory_utilization, limit_mm=limit_mm,
             host=launch.host, port=replica.port, seed=launch.seed, extra_args=launch.extra_args,
-            vllm=vllm)
+            vllm=vllm, embedding=backend.kind == "embedding")
         devices = _visible_devices(replica.gpus, visible, parent_visible, where=replica_where,
                                    errors=errors)
         own_env = _expand_env(replica.env, env, where=f"{replica_where}.env", strict=strict,

@@ -100,7 +100,7 @@ async def list_endpoints(request: Request) -> dict[str, Any]:
              responses=error_answers(401, 403, 404, 422, 500, 503, meanings=_ADMIN_MEANINGS))
 async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, Any]:
     """Add and remove one backend's endpoints; removing drains (calls in flight end normally)."""
-    backend = request.app.state.registry.resolve(body.backend)
+    backend = request.app.state.registry.resolve(body.backend, kind=None)
     request.state.backend = backend.name  # the request counter's label
     add, remove = list(dict.fromkeys(body.add)), list(dict.fromkeys(body.remove))  # in order, once each
     both = [url for url in add if url in remove]

@@ -11,12 +11,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from proxy import admin
+from proxy import admin, progress_routes
 from proxy.backends import BackendRegistry
 from proxy.binary_body import BinaryBody
 from proxy.compare import Comparer
 from proxy.config import Settings
 from proxy.edge import Edge
+from proxy.embedding import Embedder
 from proxy.errors import ConfigError, ProxyError
 from proxy.frame_store import FrameStore
 from proxy.health import Prober, open_probe_client
@@ -24,7 +25,9 @@ from proxy.http_errors import install_handlers
 from proxy.observe import AuditLog, Metrics
 from proxy.openapi import install_openapi
 from proxy.passthrough import ChatPassthrough
+from proxy.progress import ProgressScorer
 from proxy.prompts import PromptStore
+from proxy.reference_store import ReferenceStore
 from proxy.routes import router
 from proxy.scoring import Scorer
 from proxy.shutdown import ShutdownGate
@@ -35,6 +38,8 @@ log = logging.getLogger("vlm_reward_proxy")
 
 def _check_prompts(settings: Settings, prompts: PromptStore) -> None:
     for name, backend in settings.backends.items():
+        if backend.prompt is None:  # an embedding backend without text
+            continue
         try:
             prompts.get(backend.prompt)
         except ProxyError as err:
@@ -85,6 +90,10 @@ def create_app(settings: Settings) -> FastAPI:
                                       AuditLog(settings.proxy.audit_log), frame_store)
             app.state.comparer = Comparer(app.state.scorer)  # /compare, on the scorer's pieces
             app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
+            references = ReferenceStore(settings.proxy.reference_store) if settings.proxy.reference_store else None
+            if references is not None:
+                await asyncio.to_thread(references.open)
+            app.state.progress = ProgressScorer(Embedder(app.state.scorer), references)  # /progress/*
             await prober.run_once()  # /health is true from the first request on
             _warn_unready(prober, registry)
             stop_probing = asyncio.Event()
@@ -100,6 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
     app.include_router(router)
     app.include_router(admin.router)
+    app.include_router(progress_routes.router)
     install_handlers(app)
     install_openapi(app, settings, prompts)
     # Added before the Edge, so inside it: the cap, auth and request id come first.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.config import BackendConfig, Settings
-from proxy.errors import RETRYABLE_UPSTREAM, UnknownBackend, UpstreamError
+from proxy.errors import RETRYABLE_UPSTREAM, InvalidRequest, UnknownBackend, UpstreamError
 from proxy.observe import Metrics
 from proxy.pool import Endpoint, EndpointPool
 from proxy.retry import Attempt
@@ -62,13 +62,25 @@ class BackendRegistry:
             for name, cfg in settings.backends.items()
         }
         self._by_label = {label: b for b in self.backends.values() for label in b.labels}
-        self.default = next(iter(self.backends.values()))
 
-    def resolve(self, label: str | None, field: str = "backend") -> Backend:
+    def of_kind(self, kind: str) -> list[Backend]:
+        return [b for b in self.backends.values() if b.config.kind == kind]
+
+    def resolve(self, label: str | None, field: str = "backend", kind: str | None = "chat") -> Backend:
+        """The backend `label` names (None: the first of `kind`); one of another kind is a 422
+        that says which route serves it. kind None: any."""
         if label is None:
-            return self.default
+            fitting = self.of_kind(kind) if kind else list(self.backends.values())
+            if not fitting:
+                raise UnknownBackend(f"no {kind} backend is configured (kind: {kind})", field=field)
+            return fitting[0]
         try:
-            return self._by_label[label]
+            backend = self._by_label[label]
         except KeyError:
             known = sorted(self._by_label)
             raise UnknownBackend(f"unknown {field} {label!r}; known: {', '.join(known)}", field=field) from None
+        if kind is not None and backend.config.kind != kind:
+            route = "POST /progress/batch" if backend.config.kind == "embedding" else "/score and /compare"
+            raise InvalidRequest(f"{field} {label!r} is a {backend.config.kind} backend, not {kind}: "
+                                 f"it serves {route}", field=field)
+        return backend

@@ -69,7 +69,7 @@ def model_cards(registry: BackendRegistry) -> list[dict[str, Any]]:
     """GET /v1/models entries: one scoring model per backend."""
     return [{"id": SCORE_PREFIX + backend.name, "object": "model", "owned_by": "vlm-reward-proxy",
              "root": backend.config.model, "backend": backend.name, "scoring": True}
-            for backend in registry.backends.values()]
+            for backend in registry.of_kind("chat")]
 
 
 def _invalid(message: str, field: str) -> InvalidRequest:
@@ -126,7 +126,7 @@ def parse_chat(body: dict[str, Any], registry: BackendRegistry) -> ChatScoring:
     try:
         backend = registry.resolve(label, field="model")
     except UnknownBackend:
-        known = ", ".join(SCORE_PREFIX + name for name in registry.backends)
+        known = ", ".join(SCORE_PREFIX + b.name for b in registry.of_kind("chat"))
         raise UnknownBackend(f"unknown scoring model {model!r}; known: {known}", field="model") from None
     allowed = {*OTHER_FIELDS, *SCORE_FIELDS, *SAMPLING_FIELDS}
     unknown = sorted(set(body) - allowed)

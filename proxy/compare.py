@@ -164,8 +164,9 @@ class Comparer:
 
     async def _compare(self, request: CompareRequest, c: _Comparison, started: float) -> CompareResponse:
         cfg, sampling = c.backend.config, {k: v for k, v in request.backend_kwargs.items() if k in SAMPLING_FIELDS}
-        loaded = await asyncio.gather(*(self.scorer.load_episode(self._episode_request(request, i, sampling),
-                                                                  cfg, c.resolved) for i in (0, 1)))
+        loaded = await asyncio.gather(*(self.scorer.load_episode(
+            self._episode_request(request, i, sampling), cfg, c.resolved.limits, c.resolved.requested_nframes)
+            for i in (0, 1)))
         c.frames, c.fps = [item[0] for item in loaded], loaded[0][1]
         infos = [item[2].model_copy(update={"fps": round(c.fps, 6)}) for item in loaded]  # one rate is sent
         c.record.update(frames=[i.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",

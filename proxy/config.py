@@ -17,6 +17,13 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from proxy.call_config import (  # noqa: F401 - ReaskConfig is re-exported: one config model
+    AdmissionConfig,
+    CircuitConfig,
+    ReaskConfig,
+    RetryConfig,
+    RoutingConfig,
+)
 from proxy.errors import ConfigError
 from proxy.launch_config import LaunchConfig
 from proxy.scales import SCORE_MODES
@@ -48,6 +55,15 @@ class FrameStoreConfig(_Strict):
     max_mb: float = Field(10_240.0, gt=0)
 
 
+class ReferenceStoreConfig(_Strict):
+    """Earlier successes and demonstrations per (served model, task): the references of
+    POST /progress/batch beside the batch's own successes (docs/progress.md). Bounded per task."""
+
+    dir: Path
+    max_successes: int = Field(32, ge=0)  # per task; the oldest is evicted first
+    max_demonstrations: PositiveInt = 32  # per task; never evicted, adding beyond is an error
+
+
 class ProxySettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(18080, ge=0, le=65535)
@@ -62,6 +78,7 @@ class ProxySettings(_Strict):
     prompts_dir: Path = Path("prompts")
     audit_log: Path | None = None
     frame_store: FrameStoreConfig | None = None  # opt-in; the audit log names each frame by hash
+    reference_store: ReferenceStoreConfig | None = None  # opt-in (POST /progress/batch)
     # Bounded wait for a backend's /health and /v1/models when /health is asked.
     health_timeout_s: float = Field(2.0, gt=0)
     # Background readiness polling of every endpoint (closes circuits of recovered replicas).
@@ -109,67 +126,20 @@ class FramesConfig(_Strict):
     default_video_fps: float = Field(4.0, gt=0)  # the seed's reward_model.video_fps
     # Rate of inline frames when the request gives no fps (presentation_fps: episode only).
     default_source_fps: float = Field(4.0, gt=0)
-class ReaskConfig(_Strict):
-    """How a re-ask after an unparseable reply differs from the first ask: it samples (temperature
-    above 0, so greedy decoding cannot repeat the same reply) with seed + ask number."""
-
-    temperature: float = Field(0.3, gt=0.0, le=2.0)
-    # Not the backend's own: PRIMO-R1's top_p 0.001 would make any temperature greedy again.
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-
-
-class RetryConfig(_Strict):
-    attempts: PositiveInt = 4  # upstream tries per ask (transport errors, 429, 5xx)
-    parse_attempts: PositiveInt = 2  # asks when the reply has no score
-    backoff_s: tuple[float, float] = (0.05, 5.0)  # first wait, cap; jittered exponential
-    timeout_s: float = Field(120.0, gt=0)  # one upstream call
-    # The whole /score, all retries included; capped further by the client's own budget.
-    deadline_s: float = Field(300.0, gt=0)
-    reask: ReaskConfig = ReaskConfig()
-
-    @field_validator("backoff_s")
-    @classmethod
-    def _backoff_ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not 0 <= v[0] <= v[1]:
-            raise ValueError("backoff_s must be [first, cap] with 0 <= first <= cap")
-        return v
-
-
-class CircuitConfig(_Strict):
-    """Take a failing endpoint out of rotation; bring it back after a cool-down or a good probe."""
-
-    failures: PositiveInt = 5  # consecutive transport/5xx failures that open the circuit
-    cooldown_s: float = Field(30.0, gt=0)  # then one trial request is let through
-
-
-class AdmissionConfig(_Strict):
-    max_in_flight_per_endpoint: PositiveInt = 256  # never flood one replica (vLLM max_num_seqs default)
-    # Requests waiting for a free endpoint slot; beyond this the proxy answers 429 + Retry-After.
-    max_queue: PositiveInt = 512
-
-
-class RoutingConfig(_Strict):
-    """Which replica an upstream call goes to (proxy/pool.py).
-
-    least_outstanding: the fewest calls in flight. affinity: calls of one group — the request's
-    metadata.group_id, else the first frame's hash for layouts that start with it (PRIMO-R1's
-    first-frame image, the images layout) — go to the same replica (rendezvous hashing), so vLLM's
-    prefix cache holds the shared "system prompt + first frame"; a replica already over
-    load_factor x the average share of calls in flight + group_slack is passed over (bounded-load
-    hashing), and calls without a group go to the least outstanding."""
-
-    policy: Literal["least_outstanding", "affinity"] = "affinity"
-    load_factor: float = Field(1.25, ge=1.0)
-    group_slack: int = Field(8, ge=0)  # calls over the bound a replica still takes: one GRPO group
 
 
 class BackendConfig(_Strict):
     model: str  # the served-model-name
+    # chat: /chat/completions scores (/score, /compare, ...). embedding: /embeddings vectors for
+    # POST /progress/batch (docs/progress.md); `up` starts its servers with the pooling flags.
+    kind: Literal["chat", "embedding"] = "chat"
     aliases: list[str] = Field(default_factory=list)
     endpoints: list[str] = Field(min_length=1)  # OpenAI base URLs, e.g. http://127.0.0.1:8001/v1
     api_key_env: str | None = None  # name of the env var holding the bearer token
-    layout: Layout
-    prompt: str
+    # Required for chat; an embedding backend's default is qwen_video (the frames as one video part).
+    layout: Layout | None = None
+    # Required for chat; an embedding backend sends the template's text beside the video when set.
+    prompt: str | None = None
     sampling: SamplingConfig = SamplingConfig()
     max_tokens_limit: PositiveInt = 4096  # cap for per-request max_tokens overrides
     frames: FramesConfig = FramesConfig()
@@ -190,6 +160,21 @@ class BackendConfig(_Strict):
     @classmethod
     def _endpoints_are_http(cls, v: list[str]) -> list[str]:
         return [endpoint_url(url) for url in v]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_defaults(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") == "embedding" and data.get("layout") is None:
+            return {**data, "layout": "qwen_video"}
+        return data
+
+    @model_validator(mode="after")
+    def _chat_needs_prompt(self) -> BackendConfig:
+        if self.kind == "chat":
+            missing = [key for key in ("layout", "prompt") if getattr(self, key) is None]
+            if missing:
+                raise ValueError(f"a chat backend needs {' and '.join(missing)} (kind: embedding needs neither)")
+        return self
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -246,13 +231,15 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
     def resolve(p: Path) -> Path:
         return p if p.is_absolute() else (base_dir / p).resolve()
 
-    store = settings.proxy.frame_store
+    store, references = settings.proxy.frame_store, settings.proxy.reference_store
     proxy = settings.proxy.model_copy(
         update={
             "prompts_dir": resolve(settings.proxy.prompts_dir),
             "allowed_media_roots": [resolve(r) for r in settings.proxy.allowed_media_roots],
             "audit_log": resolve(settings.proxy.audit_log) if settings.proxy.audit_log else None,
             "frame_store": store.model_copy(update={"dir": resolve(store.dir)}) if store else None,
+            "reference_store": (references.model_copy(update={"dir": resolve(references.dir)})
+                                if references else None),
         }
     )
     return settings.model_copy(update={"proxy": proxy})

@@ -15,6 +15,8 @@
     ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
     ├── Overloaded                429  overloaded           (retryable)
     ├── ShuttingDown              503  shutting_down        (retryable)
+    ├── ReferenceMismatch         409  reference_mismatch   (/progress: stored vectors of another size)
+    ├── ReferenceStoreFull        409  reference_store_full (/progress/references: too many demonstrations)
     ├── ConfigError               (start-up only, never an HTTP answer)
     ├── PromptTemplateError       500  prompt_template_invalid (a template file broke after an edit)
     └── UpstreamError             502  upstream_error       (base for failures of `vllm serve`)
@@ -23,6 +25,7 @@
         ├── UpstreamRejected      502  upstream_rejected    (a 4xx: our request was refused)
         │   └── MediaKwargsRefused 502 upstream_refuses_mm_kwargs
         ├── UpstreamProtocolError 502  upstream_bad_response (malformed JSON / shape)
+        ├── ProgressGroupFailed   502  progress_group_failed (/progress: another episode of the task failed)
         └── ScoreParseError       502  unparseable_score    (no declared answer in the reply)
             └── LabelParseError   502  unparseable_label    (/compare: no -1, 0 or 1 in the reply)
 
@@ -143,6 +146,14 @@ class ShuttingDown(ProxyError):
     retry_after_s = 1.0
 
 
+class ReferenceMismatch(ProxyError):
+    code = "reference_mismatch"
+
+
+class ReferenceStoreFull(ProxyError):
+    code = "reference_store_full"
+
+
 class ConfigError(ProxyError):
     code = "config_error"
 
@@ -190,6 +201,10 @@ class MediaKwargsRefused(UpstreamRejected):
 
 class UpstreamProtocolError(UpstreamError):
     code = "upstream_bad_response"
+
+
+class ProgressGroupFailed(UpstreamError):
+    code = "progress_group_failed"
 
 
 class ScoreParseError(UpstreamError):

@@ -120,6 +120,19 @@ def build_chat_body(
     return body
 
 
+def build_embedding_body(backend: BackendConfig, system: str | None, user_text: str | None,
+                         frames: EncodedFrames, fps: float) -> dict[str, Any]:
+    """The /v1/embeddings body: one conversation, the frames laid out as for a score (a text
+    part only when the backend has a prompt), with the same media_io_kwargs rule."""
+    messages = build_messages(backend.layout, system, user_text or "", frames)
+    if user_text is None:
+        messages[-1]["content"] = messages[-1]["content"][:-1]  # the media alone
+    body: dict[str, Any] = {"model": backend.model, "messages": messages, "encoding_format": "float"}
+    if backend.request_mm_kwargs and layout_has_video(backend.layout):
+        body["media_io_kwargs"] = media_io_kwargs(frames, fps)
+    return body
+
+
 def build_compare_body(backend: BackendConfig, sampling: SamplingConfig, system: str | None,
                        labels: list[str], user_text: str, episodes: list[EncodedFrames], fps: float) -> dict[str, Any]:
     """Several episodes in one user turn (POST /compare): each episode's label text, then its media

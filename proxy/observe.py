@@ -70,6 +70,11 @@ class Metrics:
                                    ["backend", "outcome"], registry=r)
         self.compare_latency = Histogram("vlm_proxy_compare_seconds", "Whole /compare time", ["backend"],
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.progress_episodes = Counter("vlm_proxy_progress_episodes_total", "Episodes of POST /progress/batch "
+                                         "by outcome: success, progress, no_reference, or the error code",
+                                         ["backend", "outcome"], registry=r)
+        self.progress = Histogram("vlm_proxy_progress", "Progress of failed episodes (0..1)", ["backend"],
+                                  buckets=_SCORE_BUCKETS, registry=r)
         self.frame_store_bytes = Gauge("vlm_proxy_frame_store_bytes", "Bytes held by the frame store",
                                        registry=r)
         self.frame_store_errors = Counter("vlm_proxy_frame_store_errors_total",

@@ -26,7 +26,7 @@ def _backend_kwargs_schema(settings: Settings, prompts: PromptStore) -> dict[str
     sampling = SamplingConfig.model_json_schema()["properties"]
     properties: dict[str, Any] = {name: {k: v for k, v in spec.items() if k != "default"}
                                   for name, spec in sampling.items()}
-    properties["max_tokens"]["maximum"] = min(b.max_tokens_limit for b in settings.backends.values())
+    properties["max_tokens"]["maximum"] = _max_tokens(settings)
     properties["score_mode"] = {"enum": list(SCORE_MODES)}
     for key in SEED_PROMPT_KWARGS:
         properties[key] = {"type": "string", "maxLength": settings.proxy.max_prompt_chars}
@@ -34,7 +34,7 @@ def _backend_kwargs_schema(settings: Settings, prompts: PromptStore) -> dict[str
         constrain={"type": "boolean"}, logprob_score={"type": "boolean"},
         samples={"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES},
         quorum={"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES}, reduce={"enum": list(REDUCTIONS)})
-    for backend in settings.backends.values():
+    for backend in _chat(settings).values():
         for variable in prompts.get(backend.prompt).variable_names - {"task_text"}:
             properties[variable] = {"type": "string"}
     return {"type": "object", "properties": properties, "additionalProperties": False,
@@ -43,6 +43,16 @@ def _backend_kwargs_schema(settings: Settings, prompts: PromptStore) -> dict[str
             "description": "sampling overrides within bounds, score_mode, the estimate (constrain, samples, "
                            "reduce, quorum, logprob_score), the seed's system_prompt / user_prompt / "
                            "prompt_template, and the prompt template's variables"}
+
+
+def _chat(settings: Settings) -> dict[str, BackendConfig]:
+    """The backends /score, /score/dense and /compare take (embedding ones serve /progress)."""
+    return {name: b for name, b in settings.backends.items() if b.kind == "chat"}
+
+
+def _max_tokens(settings: Settings) -> int:
+    return min((b.max_tokens_limit for b in _chat(settings).values()), default=BackendConfig.model_fields[
+        "max_tokens_limit"].default)
 
 
 def _labels(backends: Iterable[tuple[str, BackendConfig]]) -> list[str]:
@@ -67,7 +77,7 @@ def _logprob_scale_rule(settings: Settings, prompts: PromptStore) -> dict[str, A
     (resolve.py checks the same per request); None when every combination does."""
     off = {"properties": {"backend_kwargs": {"properties": {"logprob_score": {"const": False}}}}}
     branches, everywhere = [off], True
-    for index, (name, backend) in enumerate(settings.backends.items()):
+    for index, (name, backend) in enumerate(_chat(settings).items()):
         declared = prompts.get(backend.prompt).answer
         modes = [m for m in SCORE_MODES
                  if single_token_values(replace(declared, scale=scale_for_mode(m, declared.scale))) is not None]
@@ -93,7 +103,7 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
                            description="Score robot episodes with VLMs served by stock `vllm serve`.")
     schemas = document["components"]["schemas"]
     proxy = settings.proxy
-    labels = _labels(settings.backends.items())
+    labels = _labels(_chat(settings).items())
     for name in ("ScoreRequest", "DenseRequest"):  # a dense request is a score request with points
         score = schemas[name]["properties"]
         score["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
@@ -113,10 +123,28 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
                                                "properties": {"points": {"type": "integer"},
                                                               "prefix_ends": {"type": "array"}}})
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
-    schemas["EndpointChange"]["properties"]["backend"] = {  # POST /admin/endpoints
-        "enum": labels, "description": "a backend's name, served model name or alias"}
+    schemas["EndpointChange"]["properties"]["backend"] = {  # POST /admin/endpoints: any kind
+        "enum": _labels(settings.backends.items()), "description": "a backend's name, served model name or alias"}
+    _complete_progress(schemas, settings)
     _complete_compare(schemas, settings, prompts, labels)
     return document
+
+
+def _complete_progress(schemas: dict[str, Any], settings: Settings) -> None:
+    """/progress/*: embedding backends only; an item is a /score request that names no other backend
+    and takes no backend_kwargs, and in a batch says its task and whether the simulator saw a success."""
+    embedding = _labels((n, b) for n, b in settings.backends.items() if b.kind == "embedding")
+    item = {"properties": {"backend": {"type": "null"}, "backend_kwargs": {"maxProperties": 0}}}
+    labelled = {"required": ["metadata"], "properties": {"metadata": {
+        "type": "object", "required": ["task_id", "env_success"],
+        "properties": {"task_id": {"not": {"type": "null"}}, "env_success": {"type": "boolean"}}}}}
+    for name, rules in (("ProgressBatchRequest", [item, labelled]), ("ReferencesRequest", [item])):
+        properties = schemas[name]["properties"]
+        properties["backend"] = {
+            "anyOf": [{"enum": embedding}, {"type": "null"}], "default": None,
+            "description": "an embedding backend's name, served model name or alias; null = the first"}
+        properties["items"]["maxItems"] = settings.proxy.max_batch_items
+        properties["items"]["items"] = {"allOf": [{"$ref": "#/components/schemas/ScoreRequest"}, *rules]}
 
 
 def _complete_compare(schemas: dict[str, Any], settings: Settings, prompts: PromptStore, labels: list[str]) -> None:
@@ -135,7 +163,7 @@ def _complete_compare(schemas: dict[str, Any], settings: Settings, prompts: Prom
     sampling = SamplingConfig.model_json_schema()["properties"]
     kwargs: dict[str, Any] = {name: {k: v for k, v in spec.items() if k != "default"}
                               for name, spec in sampling.items()}
-    kwargs["max_tokens"]["maximum"] = min(b.max_tokens_limit for b in settings.backends.values())
+    kwargs["max_tokens"]["maximum"] = _max_tokens(settings)
     for name in names:
         kwargs.update({v: {"type": "string"} for v in store.get(name).variable_names - {"task_text"}})
     compare["backend_kwargs"] = {"type": "object", "properties": kwargs, "additionalProperties": False,

@@ -19,7 +19,7 @@ from proxy.prompts import SEED_PROMPT_KWARGS, PromptTemplate
 from proxy.scales import SCORE_MODES, scale_for_mode
 from proxy.schemas import ScoreRequest
 
-__all__ = ["ResolvedRequest", "presentation_fps", "resolve_request", "sampling_for_ask"]
+__all__ = ["ResolvedRequest", "frame_limits", "presentation_fps", "resolve_request", "sampling_for_ask"]
 
 SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
 MIN_MAX_PIXELS = 28 * 28  # the smallest per-frame budget a request may ask for (the seed's bound)
@@ -45,21 +45,7 @@ class ResolvedRequest:
 
 def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate,
                 proxy: ProxySettings) -> ResolvedRequest:
-    requested = request.nframes or cfg.frames.nframes
-    if requested > proxy.max_nframes:
-        raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",
-                             field="nframes")
-    # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
-    nframes = min(requested, cfg.frames.max_nframes or requested)
-    if cfg.layout == "images" and nframes > cfg.frames.nframes:
-        # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
-        raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
-                             f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
-                             field="nframes")
-    max_pixels = request.max_pixels or cfg.frames.max_pixels
-    if not MIN_MAX_PIXELS <= max_pixels <= proxy.max_pixels_limit:
-        raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
-                             f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
+    limits, requested = frame_limits(request, cfg, proxy)
     template_vars = template.variable_names
     overrides, variables, prompt_overrides, score_mode, estimate_kwargs = {}, {}, {}, cfg.score_mode, {}
     for key, value in request.backend_kwargs.items():
@@ -90,6 +76,29 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
     sampling = _override_sampling(cfg, overrides)
     answer = replace(template.answer, scale=scale_for_mode(score_mode, template.answer.scale))
     estimate = _estimate(estimate_kwargs, template.name, answer, sampling)
+    return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
+                           prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
+                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer))
+
+
+def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings) -> tuple[FrameLimits, int]:
+    """Which frames of the request go upstream, at what size (and the nframes asked for): the
+    backend's defaults, the request's own nframes and max_pixels within the caps."""
+    requested = request.nframes or cfg.frames.nframes
+    if requested > proxy.max_nframes:
+        raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",
+                             field="nframes")
+    # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
+    nframes = min(requested, cfg.frames.max_nframes or requested)
+    if cfg.layout == "images" and nframes > cfg.frames.nframes:
+        # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
+        raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
+                             f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
+                             field="nframes")
+    max_pixels = request.max_pixels or cfg.frames.max_pixels
+    if not MIN_MAX_PIXELS <= max_pixels <= proxy.max_pixels_limit:
+        raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
+                             f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
     frames = cfg.frames
     limits = FrameLimits(
         nframes=nframes, max_pixels=max_pixels, min_pixels=frames.min_pixels,
@@ -97,9 +106,7 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
         image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout),
         jpeg_quality=frames.jpeg_quality, default_source_fps=frames.default_source_fps,
         max_inline_frames=proxy.max_inline_frames, max_source_pixels=proxy.max_source_pixels)
-    return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
-                           prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
-                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer))
+    return limits, requested
 
 
 def presentation_fps(cfg: BackendConfig, request: ScoreRequest, frames: EncodedFrames) -> float:

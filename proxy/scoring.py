@@ -25,7 +25,7 @@ from proxy.layouts import build_chat_body, encode_body, estimate_prompt_tokens, 
 from proxy.media import EncodedFrames, encode_prefix, prepare_frames
 from proxy.observe import AuditLog, Metrics
 from proxy.prompts import PromptStore, apply_seed_overrides
-from proxy.resolve import ResolvedRequest, presentation_fps, resolve_request, sampling_for_ask
+from proxy.resolve import presentation_fps, resolve_request, sampling_for_ask
 from proxy.retry import Attempt, call_with_retries
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
 from proxy.sources import DecodedSource, FrameLimits, resolve_media_path
@@ -153,7 +153,8 @@ class Scorer:
         system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
-        frames, fps, trace.frames, trace.frame_store = await self.load_episode(request, cfg, resolved, decoded)
+        frames, fps, trace.frames, trace.frame_store = await self.load_episode(
+            request, cfg, resolved.limits, resolved.requested_nframes, decoded)
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
         body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)
@@ -203,18 +204,18 @@ class Scorer:
         return await run_batch(items, lambda item: self.score(ScoreRequest.model_validate(item), admit=False,
                                                               budget_s=budget_s), "batch item")
 
-    async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, resolved: ResolvedRequest,
+    async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, limits: FrameLimits, requested: int,
                            decoded: DecodedSource | None = None
                            ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
         """One episode's frames as sent, the presentation rate, their provenance and what the frame
-        store did with them (shared with /compare)."""
+        store did with them (shared with /compare and /progress). `requested`: nframes asked for."""
         if decoded is not None:  # a prefix of a dense curve: its source is decoded already
-            frames = await asyncio.to_thread(encode_prefix, resolved.limits, decoded, request.prefix_end)
+            frames = await asyncio.to_thread(encode_prefix, limits, decoded, request.prefix_end)
         else:
-            frames = await asyncio.to_thread(self._load_frames, request, resolved.limits)
+            frames = await asyncio.to_thread(self._load_frames, request, limits)
         fps = presentation_fps(cfg, request, frames)
         info = FramesInfo(
-            count=len(frames.jpegs), requested=resolved.requested_nframes, indices=frames.indices,
+            count=len(frames.jpegs), requested=requested, indices=frames.indices,
             source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
             fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
             vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256,

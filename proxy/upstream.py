@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,16 @@ class ChatReply:
     @property
     def finish_reason(self) -> str | None:
         return self.choices[0].finish_reason
+
+
+@dataclass(frozen=True)
+class EmbeddingReply:
+    """One /embeddings answer: the episode's vector as the server computed it."""
+
+    vector: tuple[float, ...]
+    model: str | None
+    usage: dict[str, Any] | None
+    endpoint: str
 
 
 @dataclass(frozen=True)
@@ -172,6 +183,14 @@ class UpstreamClient:
             raise translate_status(answer, endpoint.base_url)
         return _read_completion(answer, endpoint.base_url)
 
+    async def embed(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
+                    api_key: str | None = None) -> EmbeddingReply:
+        """POST /embeddings once (one conversation: one vector). Raises only proxy errors."""
+        answer = await self._post(endpoint, "/embeddings", body, timeout_s, api_key)
+        if answer.status_code != 200:
+            raise translate_status(answer, endpoint.base_url)
+        return _read_embedding(answer, endpoint.base_url)
+
     async def forward(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
                       api_key: str | None = None, stream: bool = False) -> UpstreamAnswer | UpstreamStream:
         """Pass-through for /v1/chat/completions: a 2xx or a non-retryable 4xx comes back as is
@@ -209,3 +228,25 @@ def _read_completion(answer: UpstreamAnswer, endpoint: str) -> ChatReply:
                                     f"completion ({type(err).__name__}: {err})", endpoint=endpoint) from err
     return ChatReply(choices=choices, model=payload.get("model"),
                      usage=usage if isinstance(usage, dict) else None, endpoint=endpoint)
+
+
+def _read_embedding(answer: UpstreamAnswer, endpoint: str) -> EmbeddingReply:
+    """An OpenAI embedding list with one finite, non-zero float vector: anything else is a broken
+    reply (siiRL's trainer met all-zero V-JEPA vectors; here one is an error, never a distance)."""
+    try:
+        payload = json.loads(answer.content)
+        data = payload["data"]
+        if not isinstance(data, list) or len(data) != 1:
+            raise ValueError(f"expected one embedding, got {len(data) if isinstance(data, list) else data!r}")
+        vector = data[0]["embedding"]
+        if not isinstance(vector, list) or not vector or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+            raise ValueError("embedding must be a non-empty list of finite numbers (encoding_format float)")
+        if not any(vector):
+            raise ValueError("embedding is all zeros")
+        model, usage = payload.get("model"), payload.get("usage")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+        raise UpstreamProtocolError(f"{endpoint} answered 200 with a body that is not an embedding "
+                                    f"({type(err).__name__}: {err})", endpoint=endpoint) from err
+    return EmbeddingReply(vector=tuple(float(x) for x in vector), model=model if isinstance(model, str) else None,
+                          usage=usage if isinstance(usage, dict) else None, endpoint=endpoint)

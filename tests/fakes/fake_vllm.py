@@ -108,6 +108,10 @@ class FakeVLLM:
         return [r.body for r in self.state.requests if r.path.endswith("/chat/completions")]
 
     @property
+    def embedding_requests(self) -> list[dict]:
+        return [r.body for r in self.state.requests if r.path.endswith("/embeddings")]
+
+    @property
     def chats_in_progress(self) -> int:
         """Chat requests being answered whose caller is still connected (a caller that hung up
         has fed EOF to its reader, even while the reply is still being prepared)."""
@@ -170,6 +174,8 @@ class FakeVLLM:
             return True
         if method == "POST" and path == "/v1/chat/completions":
             return await self._chat(headers, raw_body, writer)
+        if method == "POST" and path == "/v1/embeddings":
+            return await self._embeddings(headers, raw_body, writer)
         await _send_json(writer, 404, _error("Not Found", "NotFoundError", 404))
         return True
 
@@ -191,22 +197,27 @@ class FakeVLLM:
         await _send_json(writer, 200, {"ok": True})
         return True
 
-    async def _chat(self, headers, raw_body, writer) -> bool:
+    async def _accept_request(self, path, headers, raw_body, writer) -> dict | None:
+        """The body, recorded and checked like vLLM; None when it was answered already."""
         state, cfg = self.state, self.state.config
         try:
             body = json.loads(raw_body)
         except ValueError:
             await _send_json(writer, 400, _error("invalid JSON body", "BadRequestError", 400))
-            return True
+            return None
         state.chat_count += 1
         if cfg.record:
-            state.requests.append(RecordedRequest("POST", "/v1/chat/completions", headers, body))
+            state.requests.append(RecordedRequest("POST", path, headers, body))
         refusal = _validate_like_vllm(body, cfg)
         if refusal is not None:
             status, payload = refusal
             await _send_json(writer, status, payload)
-            return True
-        action = state.actions.popleft() if state.actions else {}
+            return None
+        return body
+
+    async def _fault(self, action: dict, writer, whole_reply: dict) -> bool | None:
+        """Play the scripted action's fault, if it has one: keep-alive (True/False) once answered;
+        None when the reply should go out normally."""
         if action.get("delay_s"):
             await asyncio.sleep(action["delay_s"])
         while "hold" in action and not action["hold"].is_set():  # until the test lets it go
@@ -220,7 +231,7 @@ class FakeVLLM:
             await _send_raw(writer, 200, b'{"id": "x", "choices": [ this is not json', "application/json")
             return True
         if action.get("truncated"):
-            payload = json.dumps(_completion(body, cfg, "<answer>1</answer>", "stop")).encode()
+            payload = json.dumps(whole_reply).encode()
             head = _head(200, len(payload) + 100, "application/json")
             writer.write(head + payload[: len(payload) // 2])
             await writer.drain()
@@ -231,6 +242,41 @@ class FakeVLLM:
             await _send_json(writer, status, _error(action.get("message", f"fake {status}"),
                                                     "ServiceUnavailableError", status), extra)
             return True
+        return None
+
+    async def _embeddings(self, headers, raw_body, writer) -> bool:
+        """Like `vllm serve --runner pooling --convert embed`: one vector per conversation. The
+        vector is the mean colour of the frames of its media parts, [r, g, b] / 255, and a constant
+        1 (a dimension that moves no distance), at most
+        num_frames frames like vLLM's loader), or the scripted {"embedding": [...]} /
+        {"body": {...}} (a whole answer, e.g. a malformed one)."""
+        body = await self._accept_request("/v1/embeddings", headers, raw_body, writer)
+        if body is None:
+            return True
+        action = self.state.actions.popleft() if self.state.actions else {}
+        answered = await self._fault(action, writer, {"data": []})
+        if answered is not None:
+            return answered
+        await self._model_latency()
+        if "body" in action:
+            await _send_json(writer, 200, action["body"])
+            return True
+        vector, tokens = (action["embedding"], 1) if "embedding" in action else _mean_colour(body)
+        await _send_json(writer, 200, {
+            "id": f"embd-{self.state.chat_count}", "object": "list", "created": int(time.time()),
+            "model": body.get("model"), "data": [{"index": 0, "object": "embedding", "embedding": vector}],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
+        return True
+
+    async def _chat(self, headers, raw_body, writer) -> bool:
+        state, cfg = self.state, self.state.config
+        body = await self._accept_request("/v1/chat/completions", headers, raw_body, writer)
+        if body is None:
+            return True
+        action = state.actions.popleft() if state.actions else {}
+        answered = await self._fault(action, writer, _completion(body, cfg, "<answer>1</answer>", "stop"))
+        if answered is not None:
+            return answered
         text = action.get("replies", action.get("reply"))
         if text is None:
             text = state.reply_fn(body) if state.reply_fn else cfg.default_text
@@ -308,6 +354,27 @@ def decode_video_part(url: str, num_frames: int = 32) -> list[bytes]:
     _, _, payload = url.partition(";base64,")
     pieces = payload.split(",") if num_frames < 0 else payload.split(",", num_frames)[:num_frames]
     return [base64.b64decode(p, validate=True) for p in pieces]
+
+
+def _mean_colour(body: dict) -> tuple[list[float], int]:
+    """The mean [r, g, b] / 255 of every frame in the conversation's video parts and 1, and a token
+    count (one per frame) for `usage`."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    num_frames = ((body.get("media_io_kwargs") or {}).get("video") or {}).get("num_frames", 32)
+    sums, count = [0.0, 0.0, 0.0], 0
+    for message in body.get("messages", []):
+        for part in message.get("content") if isinstance(message.get("content"), list) else []:
+            if part.get("type") == "video_url":
+                for jpeg in decode_video_part(part["video_url"]["url"], num_frames):
+                    with Image.open(BytesIO(jpeg)) as image:
+                        means = [sum(h * i for i, h in enumerate(band.histogram())) / (image.width * image.height)
+                                 for band in image.convert("RGB").split()]
+                    sums = [s + m for s, m in zip(sums, means, strict=True)]
+                    count += 1
+    return [*(s / max(count, 1) / 255.0 for s in sums), 1.0], max(count, 1)  # never all zeros (black frames)
 
 
 _FAKE_TOKENS = re.compile(r"<[^>]*>|\d|\s+|[A-Za-z]+|.", re.S)  # tags, single digits (as Qwen), words
@@ -470,6 +537,10 @@ class FakeVLLMThread:
     @property
     def chat_requests(self) -> list[dict]:
         return self.fake.chat_requests
+
+    @property
+    def embedding_requests(self) -> list[dict]:
+        return self.fake.embedding_requests
 
 
 def main(argv: list[str] | None = None) -> None:

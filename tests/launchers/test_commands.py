@@ -49,6 +49,21 @@ def test_shipped_example_config_gives_the_4gpu_layout():
     assert json.loads(MEDIA_IO_KWARGS) == {"video": {"num_frames": -1}}
 
 
+def test_shipped_srpo_config_serves_the_embedding_backend_as_a_pooling_model():
+    plan = plan_stack(load_settings(REPO / "configs" / "srpo.yaml"), {"EMBED_MODEL_PATH": "/models/embed"})
+    assert plan.errors == []
+    got = {c.name: (c.argv, c.env) for c in plan.commands}
+    assert got == {f"embed-r{i}": ([*common_flags("/models/embed", "Qwen2.5-VL-embed", 1, '{"video": 1}', port),
+                                    "--runner", "pooling", "--convert", "embed"], {"CUDA_VISIBLE_DEVICES": str(i)})
+                   for i, port in ((0, 8011), (1, 8012))}
+
+
+@pytest.mark.parametrize("flag", ["--runner", "--convert=embed"])
+def test_the_pooling_flags_belong_to_the_backend_kind(flag):
+    plan = plan_of(four_gpu(primo_launch={"extra_args": [flag, "pooling"]}))
+    assert any(f"extra_args sets {flag.split('=')[0]}" in e and "backends.<name>.kind" in e for e in plan.errors)
+
+
 def test_launch_fields_become_flags_and_extra_args_come_last():
     data = four_gpu(primo_launch={"max_model_len": 8192, "gpu_memory_utilization": 0.55,
                                   "seed": 7, "host": "0.0.0.0",

@@ -189,7 +189,7 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
     TIMINGS["tiny model build"] = round(time.monotonic() - begin, 1)
     say(f"tiny model written to {model_dir} in {TIMINGS['tiny model build']:.1f}s")
 
-    ports = dict(zip(("proxy", "qwen_r0", "qwen_r1", "primo", "launcher"), free_ports(5), strict=True))
+    ports = dict(zip(("proxy", "qwen_r0", "qwen_r1", "primo", "launcher", "embed"), free_ports(6), strict=True))
     media_root = base / "media"
     media_root.mkdir()
     runs_dir = base / "runs"
@@ -222,7 +222,7 @@ def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
         pytest.fail(f"`vlm-reward-proxy up --detach` exited {up.returncode} after {start_to_ready:.0f}s:\n"
                     f"{output[-6000:]}\n-- down: {stopped}", pytrace=False)
     TIMINGS["stack start to ready (up --detach)"] = round(start_to_ready, 1)
-    say(f"stack ready in {start_to_ready:.1f}s (3 vllm serve + proxy, `up --detach`)")
+    say(f"stack ready in {start_to_ready:.1f}s (4 vllm serve + proxy, `up --detach`)")
     for line in output.splitlines():
         if line.startswith("ready: "):
             say("  " + line)

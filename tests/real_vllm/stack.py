@@ -41,12 +41,14 @@ QWEN_MODEL, PRIMO_MODEL = "Qwen2.5-VL-7B-Instruct", "PRIMO-R1-7B"
 # where the shipped backend's is the re-ask's (temperature 0.3, seed + 1).
 QWEN_ONE_ASK = "qwen_one_ask"
 QWEN_DIGIT = "qwen_digit"  # qwen_one_ask on a 0-9 template: one token per value (logprob scores)
+# The tiny checkpoint served as a pooling model (`up` adds --runner pooling --convert embed).
+EMBED, EMBED_MODEL = "embed", "Qwen2.5-VL-embed"
 DIGIT_TEMPLATE = ("variables: {task_text: {}}\nuser: 'How far along is ${task_text}? Answer one digit from 0 to 9.'\n"
                   "answer: {scale: {min: 0, max: 9}, constrain: true}\n")
 MAX_MODEL_LEN = 8192
 PRIMO_MAX_TOKENS = 128  # the shipped 4096 does not fit a 8192-token context; random text anyway
 # vLLM CPU: one OpenMP core list per server. Each Qwen replica gets its own core.
-OMP_BIND = {"qwen_r0": "0", "qwen_r1": "1", "primo": "1", "launcher": "0"}
+OMP_BIND = {"qwen_r0": "0", "qwen_r1": "1", "primo": "1", "launcher": "0", "embed": "0"}
 # Every server of the tier: eager (no compile), room for a 100-frame prompt in one step (the
 # CPU default of 2048 batched tokens crashed seeded long prompts: real-stack.md), float32.
 EXTRA_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32"]
@@ -140,6 +142,10 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
         sampling={**primo["sampling"], "max_tokens": PRIMO_MAX_TOKENS},
         launch=launch([{"gpus": [2], "port": ports["primo"],
                         "env": {"VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["primo"]}}]))
+    embed = {"model": EMBED_MODEL, "kind": "embedding", "endpoints": [f"http://127.0.0.1:{ports['embed']}/v1"],
+             "frames": {"nframes": 8, "max_pixels": 50176}, "retry": qwen["retry"],
+             "launch": launch([{"gpus": [3], "port": ports["embed"],
+                                "env": {"VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["embed"]}}])}
     one_ask = {k: v for k, v in qwen.items() if k != "launch"}
     one_ask["retry"] = {**qwen["retry"], "parse_attempts": 1}
     digit = {**one_ask, "prompt": "scale_0_9", "score_mode": "auto"}
@@ -147,7 +153,7 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
         "proxy": {"host": "127.0.0.1", "port": ports["proxy"], "allowed_media_roots": [str(media_root)],
                   "prompts_dir": str(prompts_dir), "audit_log": str(audit_log),
                   "health_interval_s": 1.0},
-        "backends": {QWEN: qwen, PRIMO: primo, QWEN_ONE_ASK: one_ask, QWEN_DIGIT: digit},
+        "backends": {QWEN: qwen, PRIMO: primo, QWEN_ONE_ASK: one_ask, QWEN_DIGIT: digit, EMBED: embed},
     }
 
 

@@ -59,13 +59,18 @@ def running_proxy():
     fakes = [FakeVLLMThread(FakeConfig(served_model_name=QWEN_MODEL, default_text="<score>1</score>",
                                        record=False)).start(),
              FakeVLLMThread(FakeConfig(served_model_name=PRIMO_MODEL, default_text="<answer>1</answer>",
-                                       record=False)).start()]
+                                       record=False)).start(),
+             FakeVLLMThread(FakeConfig(served_model_name="fake-embed", record=False)).start()]
     for fake in fakes:  # a /compare query (it asks to "Reply -1 if …") gets a label, as on every template
         fake.fake.state.reply_fn = lambda body, default=fake.config.default_text: (
             "1" if "Reply -1" in json.dumps(body["messages"]) else default)
     data = libero_settings_dict([fakes[0].base_url], [fakes[1].base_url], Path(MEDIA.name), health_interval_s=30)
     for backend in data["backends"].values():
         backend["max_model_len"] = None  # content-dependent budgets are documented 422s, not schema rules
+    data["backends"]["embed"] = {"model": "fake-embed", "kind": "embedding", "endpoints": [fakes[2].base_url],
+                                 "retry": data["backends"]["qwen2_5_vl_vllm"]["retry"]}
+    # POST /progress/references adds demonstrations; beyond the cap it is a documented 409.
+    data["proxy"]["reference_store"] = {"dir": str(Path(MEDIA.name) / "references"), "max_demonstrations": 64}
     proxy = ProxyServerThread(settings_from_dict(data)).start()
     yield proxy
     proxy.stop()
@@ -84,7 +89,8 @@ def api_document(running_proxy):
 ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints"]
 OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /score", "POST /score/batch",
               "POST /score/dense", "POST /compare", "POST /compare/batch",
-              "POST /v1/chat/completions", *ADMIN_OPERATIONS]
+              "POST /v1/chat/completions", "POST /progress/batch", "POST /progress/references",
+              "GET /progress/references", *ADMIN_OPERATIONS]
 
 
 def test_the_document_lists_every_route(api_document):
@@ -107,6 +113,11 @@ def _within_the_episode(case):
     content-dependent 422 the document cannot state: bring the index into the episode, or leave the
     case out when it cannot be (a one-frame episode has no curve)."""
     body, count = case.body, None
+    if case.operation.path.startswith("/progress/") and isinstance(body, dict) and isinstance(body.get("items"), list):
+        for item in body["items"]:  # each item an episode, as a /score body
+            if isinstance(item, dict) and _index(item.get("prefix_end")) and (n := _frame_count(item)) is not None:
+                item["prefix_end"] = min(int(item["prefix_end"]), n - 1)
+        return case
     if not isinstance(body, dict) or (count := _frame_count(body)) is None:
         return case
     if _index(body.get("prefix_end")):
@@ -149,9 +160,10 @@ def admin_proxy(monkeypatch, proxy_factory, tmp_path):
     must not happen to the shared proxy the other operations are fuzzed against. Its endpoints need
     not answer: nothing is scored there."""
     monkeypatch.setenv("ADMIN_FUZZ_KEY", ADMIN_KEY)
-    qwen, primo = (f"http://127.0.0.1:{port}/v1" for port in free_ports(2))
-    return proxy_factory(settings_from_dict(libero_settings_dict(
-        [qwen], [primo], tmp_path, health_interval_s=30, api_key_env="ADMIN_FUZZ_KEY")))
+    qwen, primo, embed = (f"http://127.0.0.1:{port}/v1" for port in free_ports(3))
+    data = libero_settings_dict([qwen], [primo], tmp_path, health_interval_s=30, api_key_env="ADMIN_FUZZ_KEY")
+    data["backends"]["embed"] = {"model": "fake-embed", "kind": "embedding", "endpoints": [embed]}  # as documented
+    return proxy_factory(settings_from_dict(data))
 
 
 def _removable(case, http, proxy) -> None:
