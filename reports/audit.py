@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.audit_lines import audit_records
+from reports.progress_quality import ProgressLog
 
 __all__ = ["PARSE_FAILURE", "NO_TASK", "AuditSummary", "Group", "Worst", "read_audit_log"]
 
@@ -111,6 +112,7 @@ class AuditSummary:
     episodes: dict[str, Episodes] = field(default_factory=dict)
     without_episode_id: int = 0
     other_kinds: Counter = field(default_factory=Counter)  # e.g. /compare lines: not episode scores
+    progress: ProgressLog = field(default_factory=ProgressLog)  # kind: progress lines, kept apart
     first_ts: float | None = None
     last_ts: float | None = None
     _worst: dict[str, list] = field(default_factory=dict)  # backend -> min-heap of the worst
@@ -138,6 +140,12 @@ class AuditSummary:
     # -- one record -----------------------------------------------------------------------------
     def add(self, record: dict[str, Any], line: int) -> str | None:
         """Fold one parsed line in; returns why it is malformed, or None."""
+        ts = _number(record.get("ts"))
+        if ts is not None:
+            self.first_ts = ts if self.first_ts is None or ts < self.first_ts else self.first_ts
+            self.last_ts = ts if self.last_ts is None or ts > self.last_ts else self.last_ts
+        if record.get("kind") == "progress":  # /progress/batch items: measured apart, never as scores
+            return self.progress.add(record)
         if record.get("kind", "score") != "score":  # a comparison (/compare) is not an episode's score
             self.other_kinds[str(record.get("kind"))] += 1
             return None
@@ -161,10 +169,6 @@ class AuditSummary:
         if isinstance(usage, dict):
             _append_number(group.prompt_tokens, usage.get("prompt_tokens"))
             _append_number(group.completion_tokens, usage.get("completion_tokens"))
-        ts = _number(record.get("ts"))
-        if ts is not None:
-            self.first_ts = ts if self.first_ts is None or ts < self.first_ts else self.first_ts
-            self.last_ts = ts if self.last_ts is None or ts > self.last_ts else self.last_ts
         self._prompt(backend, record.get("prompt"))
         store = record.get("frame_store")
         if isinstance(store, dict) and store.get("error"):

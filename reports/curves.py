@@ -5,6 +5,9 @@ folder, or any folder holding `events.out.tfevents.*` files. A run is named afte
 `runner.logger.experiment_name` in the `config.yaml` RLinf writes beside the events (else the
 folder's name). Every metric is drawn against the training step, raw (faint) and smoothed
 (TensorBoard's debiased EMA), to one PNG and a self-contained HTML page with a summary table.
+Runs A (native), B and C (a VLM's score) and D (SRPO progress, reward_source: progress) share the
+panels; when a run logs env/vlm_no_reference (run D), a panel counts its failures that had no
+reference (paid the native reward, not a progress) and a note says how many.
 
 Needs tensorboard (to read events, no TensorFlow) and matplotlib, both imported lazily.
 """
@@ -22,9 +25,11 @@ from typing import Any
 
 from reports.plotting import MissingDependencyError, alert, image_tag, pyplot, save_figure, table, write_page
 
-__all__ = ["DEFAULT_METRICS", "Run", "add_subcommand", "fallback_warnings", "load_run", "plot_runs", "smooth"]
+__all__ = ["DEFAULT_METRICS", "NO_REFERENCE_METRIC", "Run", "add_subcommand", "default_metrics", "fallback_warnings",
+           "load_run", "no_reference_notes", "plot_runs", "smooth"]
 
 FAILURES = "reward-model failures"
+NO_REFERENCE = "failures without a reference"
 # (tag, title); FAILURES is derived: env/vlm_fallback (a rate) x env/num_trajectories.
 DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("env/success_once", "env/success_once: simulator success (ground truth)"),
@@ -32,7 +37,12 @@ DEFAULT_METRICS: tuple[tuple[str, str], ...] = (
     ("rollout/rewards", "rollout/rewards: reward the policy was trained on"),
     (FAILURES, "reward-model failures per step (rewards that are not the VLM's: reward_model.fallback)"),
 )
+# Run D (reward_source: progress): env/vlm_no_reference (a rate) x env/num_trajectories.
+NO_REFERENCE_METRIC = (NO_REFERENCE, "failures without a reference per step (progress runs: paid the native "
+                                     "reward, no progress)")
 EVENT_GLOB = "events.out.tfevents.*"
+# Derived count -> (RLinf's rate tag, a tag holding the count itself, if any)
+COUNTS = {FAILURES: ("env/vlm_fallback", "reward_model/failures"), NO_REFERENCE: ("env/vlm_no_reference", None)}
 
 
 @dataclass
@@ -42,32 +52,52 @@ class Run:
     scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # tag -> (step, value)
 
     def series(self, tag: str) -> list[tuple[int, float]]:
-        if tag != FAILURES:
+        if tag not in COUNTS:
             return self.scalars.get(tag, [])
-        if "reward_model/failures" in self.scalars:
-            return self.scalars["reward_model/failures"]
-        rate = dict(self.scalars.get("env/vlm_fallback", []))
+        rate_tag, count_tag = COUNTS[tag]
+        if count_tag in self.scalars:
+            return self.scalars[count_tag]
+        rate = dict(self.scalars.get(rate_tag, []))
         counts = dict(self.scalars.get("env/num_trajectories", []))
         if counts:
             return [(step, value * counts[step]) for step, value in sorted(rate.items()) if step in counts]
         return sorted(rate.items())
 
-    def fallback_rate(self) -> tuple[float, float] | None:
-        """(mean, max) over steps of env/vlm_fallback, the share of episodes whose reward was a
-        fallback; None when the run logs no reward model."""
-        rates = [value for _, value in self.scalars.get("env/vlm_fallback", [])]
+    def rate(self, tag: str) -> tuple[float, float] | None:
+        """(mean, max) over steps of a rate RLinf logs (env/vlm_fallback: the share of episodes
+        rewarded by the fallback; env/vlm_no_reference: failures without a reference); None when
+        the run does not log it."""
+        rates = [value for _, value in self.scalars.get(tag, [])]
         return (sum(rates) / len(rates), max(rates)) if rates else None
+
+
+def _rate_lines(runs: Sequence[Run], tag: str, what: str) -> list[str]:
+    lines = []
+    for run in runs:
+        rate = run.rate(tag)
+        if rate is not None and rate[1] > 0:
+            lines.append(f"{run.name}: {rate[0]:.1%} of episodes (up to {rate[1]:.1%} in one step) {what}")
+    return lines
 
 
 def fallback_warnings(runs: Sequence[Run]) -> list[str]:
     """One line per run whose rewards were not all the VLM's: impossible to miss in every output."""
-    lines = []
-    for run in runs:
-        rate = run.fallback_rate()
-        if rate is not None and rate[1] > 0:
-            lines.append(f"{run.name}: {rate[0]:.1%} of episodes (up to {rate[1]:.1%} in one step) were "
-                         "rewarded by the fallback, not the VLM")
-    return lines
+    return _rate_lines(runs, "env/vlm_fallback", "were rewarded by the fallback, not the VLM")
+
+
+def no_reference_notes(runs: Sequence[Run]) -> list[str]:
+    """One line per progress run (run D) whose failures sometimes had no reference: those episodes
+    were paid run A's reward (0), not a progress, so D looks more like A the higher the share."""
+    return _rate_lines(runs, "env/vlm_no_reference",
+                       "failed with no reference and were paid the native reward, not a progress")
+
+
+def default_metrics(runs: Sequence[Run]) -> list[tuple[str, str]]:
+    """The default panels, and the no-reference panel when some run pays progress (run D)."""
+    metrics = list(DEFAULT_METRICS)
+    if any(run.rate("env/vlm_no_reference") is not None for run in runs):
+        metrics.append(NO_REFERENCE_METRIC)
+    return metrics
 
 
 def smooth(values: Sequence[float], weight: float) -> list[float]:
@@ -199,13 +229,18 @@ def _html_body(title: str, runs: list[Run], summary: list[dict[str, Any]], png: 
     banner = alert("Fallback rewards:", fallback_warnings(runs),
                    "These episodes were not rewarded by the VLM; compare runs only where the rate is 0, "
                    "or with that in mind.")
+    notes = no_reference_notes(runs)
+    if notes:  # by design (on_no_reference: native), yet the reward there is run A's
+        banner += ('<div class="note"><strong>Progress without a reference:</strong><ul>'
+                   + "".join(f"<li>{html.escape(line)}</li>" for line in notes) + "</ul></div>")
     keys = ("metric", "run", "points", "last_step", "last", "last_smoothed", "max_smoothed")
     body = (f"{banner}<h1>{html.escape(title)}</h1>\n<h2>Runs</h2>"
             + table(("run", "directory"), ({"run": r.name, "directory": str(r.path)} for r in runs))
             + image_tag(png, f"curves of {', '.join(r.name for r in runs)}")
             + "<h2>Summary</h2>" + table(keys, summary)
             + "<p>env/success_once is the simulator's ground truth, the fair curve to compare runs on. "
-              "Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories.</p>")
+              "Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories; failures without a "
+              "reference (progress runs) = env/vlm_no_reference x env/num_trajectories.</p>")
     return body
 
 
@@ -244,7 +279,7 @@ def run_command(args: argparse.Namespace) -> int:
     except (FileNotFoundError, MissingDependencyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    metrics = [(tag, tag) for tag in args.metric] if args.metric else list(DEFAULT_METRICS)
+    metrics = [(tag, tag) for tag in args.metric] if args.metric else default_metrics(runs)
     try:
         png, page = plot_runs(runs, metrics, args.out, smoothing=args.smoothing, title=args.title)
     except MissingDependencyError as err:
@@ -254,6 +289,8 @@ def run_command(args: argparse.Namespace) -> int:
         missing = [tag for tag, _ in metrics if not run.series(tag)]
         if missing:
             print(f"note: {run.name} has no {', '.join(missing)}")
+    for note in no_reference_notes(runs):
+        print(f"note: {note}")
     for warning in fallback_warnings(runs):
         print(f"WARNING: {warning}", file=sys.stderr)
     print(f"wrote {png} and {page}")

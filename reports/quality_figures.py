@@ -29,6 +29,8 @@ class LogNumbers:
     groups: dict[str, Group] = field(default_factory=dict)  # backend -> all its tasks
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> numbers
     tasks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # backend -> task -> numbers
+    # kind: progress lines (run D), apart from the scores: backend -> {"all": numbers, "tasks": {...}}
+    progress: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

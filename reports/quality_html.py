@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.plotting import alert, fmt, image_tag, table, write_page
+from reports.progress_quality import progress_alerts, progress_section
 from reports.quality_figures import LogNumbers, histogram_figure, roc_figure, worst_sheets
 
 __all__ = ["PARSE_ALERT", "ERROR_ALERT", "AUC_ALERT", "alerts", "render_report"]
@@ -80,6 +81,7 @@ def alerts(logs: list[LogNumbers], pairs: list[dict[str, Any]]) -> list[str]:
             elif n["auc"] is not None and n["auc"] < AUC_ALERT:
                 lines.append(f"{who}{backend}: ROC-AUC {n['auc']:.3f}: the score barely separates successes "
                              "from failures")
+        lines.extend(progress_alerts(log.progress, who))
         for why, count in summary.store_errors.items():
             lines.append(f"{who}the frame store did not keep the frames of {count} episodes ({why})")
     for pair in pairs:
@@ -194,6 +196,7 @@ def _health(log: LogNumbers) -> str:
         (f"malformed line {line}", why) for line, why in s.malformed_examples] + [
         ("records without metadata.env_success (counted, not in agreement)", no_truth),
         ("records without metadata.episode_id (cannot be matched across logs)", s.without_episode_id),
+        ("progress items (kind: progress, measured apart)", sum(g.lines for g in s.progress.groups.values())),
         ("time span", span)]
     return table(("fact", "value"), ({"fact": f, "value": v} for f, v in facts), caption=f"Log: {log.name}")
 
@@ -225,5 +228,6 @@ def render_report(out_dir: Path, logs: list[LogNumbers], pairs: list[dict[str, A
         body.append(f"<h2>ROC</h2><figure><figcaption>{roc[0]}</figcaption>{image_tag(roc[1], 'ROC curves')}</figure>")
     for log in logs:
         body.extend(_backend_section(log, backend, threshold, store, out_dir) for backend in log.backends)
+    body.extend(progress_section(log.progress, log.name if log.label else "") for log in logs)
     body.append("<h2>Logs</h2>" + "".join(_health(log) for log in logs) + HOW_TO_READ)
     return write_page(out_dir / "report.html", title, "\n".join(body))

@@ -18,6 +18,7 @@ from typing import Any
 
 from reports.audit import Episodes, read_audit_log
 from reports.plotting import MissingDependencyError, fmt
+from reports.progress_quality import measure_progress
 from reports.quality import compare_numbers, group_numbers, match_episodes
 from reports.quality_figures import LogNumbers
 from reports.quality_html import alerts, render_report
@@ -33,6 +34,7 @@ def measure(path: str | Path, *, threshold: float, worst: int, label: str = "") 
         log.backends[backend] = group_numbers(log.groups[backend], threshold)
         log.tasks[backend] = {task: group_numbers(summary.groups[(backend, task)], threshold)
                               for task in summary.tasks(backend)}
+    log.progress = measure_progress(summary.progress)
     return log
 
 
@@ -80,7 +82,8 @@ def build_report(audit: str | Path, *, out: str | Path, compare: str | Path | No
     page = render_report(out_dir, logs, pairs, threshold=threshold, store=Path(frame_store) if frame_store else None)
     result = {"page": str(page), "threshold": threshold, "alerts": alerts(logs, pairs), "logs": [
         {"label": log.label, "path": str(log.summary.path), "lines": log.summary.lines,
-         "malformed": log.summary.malformed, "backends": log.backends, "tasks": log.tasks} for log in logs],
+         "malformed": log.summary.malformed, "backends": log.backends, "tasks": log.tasks,
+         "progress": log.progress} for log in logs],
         "compare": pairs}
     (out_dir / "report.json").write_text(json.dumps(_plain(result), indent=1), encoding="utf-8")
     return result
@@ -124,6 +127,11 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{log['label'] + ' ' if log['label'] else ''}{backend}: {n['lines']} episodes, "
                   f"{n['with_truth']} with env_success; ROC-AUC {fmt(n['auc'], '3')}, accuracy at "
                   f"{args.success_threshold:g} {fmt(n['accuracy'], '%')}, parse failures {n['parse_failures']}, "
+                  f"errors {n['errors']}")
+        for backend, n in ((b, p["all"]) for b, p in log["progress"].items()):
+            print(f"{log['label'] + ' ' if log['label'] else ''}{backend} (progress): {n['lines']} items, "
+                  f"{n['successes']} successes, {n['failures']} failures ({n['no_reference']} without a reference); "
+                  f"failures' progress mean {fmt(n['progress_mean'], '3')}, median {fmt(n['progress_p50'], '3')}; "
                   f"errors {n['errors']}")
     for line in result["alerts"]:
         print(f"WARNING: {line}", file=sys.stderr)

@@ -19,11 +19,13 @@ from rlinf_client._exceptions import (
     AuthenticationError,
     BadGatewayError,
     BadRequestError,
+    EpisodeMetadataError,
     ForbiddenError,
     FramesError,
     GatewayTimeoutError,
     InternalServerError,
     MissingDependencyError,
+    NoReferenceError,
     NotFoundError,
     PayloadTooLargeError,
     RateLimitError,
@@ -34,7 +36,7 @@ from rlinf_client._exceptions import (
     UnprocessableEntityError,
 )
 from rlinf_client._frames import EpisodeFrameBuffer, env_frames_from_obs, sample_indices, to_uint8_frames
-from rlinf_client._types import ClientStats, Episode, EpisodeScore
+from rlinf_client._types import ClientStats, Episode, EpisodeProgress, EpisodeScore
 
 __version__ = "0.1.0"
 
@@ -50,12 +52,15 @@ __all__ = [
     "ClientStats",
     "Episode",
     "EpisodeFrameBuffer",
+    "EpisodeMetadataError",
+    "EpisodeProgress",
     "EpisodeScore",
     "ForbiddenError",
     "FramesError",
     "GatewayTimeoutError",
     "InternalServerError",
     "MissingDependencyError",
+    "NoReferenceError",
     "NotFoundError",
     "PayloadTooLargeError",
     "RateLimitError",

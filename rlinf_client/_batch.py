@@ -64,10 +64,12 @@ async def _probe(core: TransportCore) -> bool | None:
     return True
 
 
-def batch_body(bodies: list[ScoreRequestBody]) -> tuple[str, bytes]:
-    """(Content-Type, body) of POST /score/batch: JSON, or one binary body whose item i names part i."""
+def batch_body(bodies: list[ScoreRequestBody], fields: dict[str, Any] | None = None) -> tuple[str, bytes]:
+    """(Content-Type, body) of POST /score/batch (or /progress/batch, whose request-wide `fields` go
+    beside the items): JSON, or one binary body whose item i names part i."""
     if all(body.npy is None for body in bodies):
-        return "application/json", json.dumps({"items": [b.payload for b in bodies]}, separators=(",", ":")).encode()
+        return "application/json", json.dumps({**(fields or {}), "items": [b.payload for b in bodies]},
+                                              separators=(",", ":")).encode()
     items, parts = [], {}  # one part per episode, named by its index
     for index, body in enumerate(bodies):
         if body.npy is None:
@@ -75,7 +77,7 @@ def batch_body(bodies: list[ScoreRequestBody]) -> tuple[str, bytes]:
         else:
             items.append({**body.payload, "frames_npy": f"{PART_PREFIX}{index}"})
             parts[str(index)] = body.npy
-    return npy_form({"items": items}, parts)
+    return npy_form({**(fields or {}), "items": items}, parts)
 
 
 def batch_items(answer: Any, count: int) -> list[dict[str, Any]] | None:

@@ -22,8 +22,9 @@ from rlinf_client import _constants as C
 from rlinf_client._base_client import TransportCore
 from rlinf_client._config import RewardModelConfig
 from rlinf_client._exceptions import APIConnectionError, APITimeoutError, make_status_error
+from rlinf_client._progress import progress_episodes
 from rlinf_client._scheduler import Scheduler
-from rlinf_client._types import ClientStats, Episode, EpisodeScore
+from rlinf_client._types import ClientStats, Episode, EpisodeProgress, EpisodeScore
 
 __all__ = ["AsyncRewardClient", "RewardClient"]
 
@@ -84,6 +85,12 @@ class AsyncRewardClient:
         the first failure cancels the rest and is raised."""
         return await self._scheduler.run([_as_episode(e) for e in episodes])
 
+    async def progress_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeProgress]:
+        """SRPO-style progress (POST /progress/batch, docs/progress.md) of finished episodes, each
+        with metadata.task_id and metadata.env_success; the episodes of a task go in one request.
+        Results in input order within one `timeout`; the failure policy as in `score_episodes`."""
+        return await progress_episodes(self._core, self.stats, [_as_episode(e) for e in episodes])
+
     @property
     def uses_batch(self) -> bool | None:
         """Whether POST /score/batch is used (None: not probed yet)."""
@@ -130,6 +137,9 @@ class RewardClient:
 
     def score_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeScore]:
         return self._run(self._client.score_episodes(list(episodes)))
+
+    def progress_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeProgress]:
+        return self._run(self._client.progress_episodes(list(episodes)))
 
     def health(self) -> dict[str, Any]:
         return self._run(self._client.health())

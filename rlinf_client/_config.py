@@ -24,6 +24,8 @@ Transport = Literal["inline", "path", "binary"]
 BatchMode = Literal["auto", "never"]
 Fallback = Literal["raise", "zero", "env_success"]
 FALLBACKS = ("raise", "zero", "env_success")
+RewardSource = Literal["score", "progress"]
+OnNoReference = Literal["native", "raise"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,14 @@ class RewardModelConfig:
     # episode (k scoring calls each) instead of one score; the episode's reward is the curve's last
     # point, and `LiberoVLMReward.shaped_rewards` spreads it over the steps as potential differences.
     dense_points: int = 0
+    # Where the reward comes from: `score` (a VLM's score per episode, POST /score) or `progress`
+    # (run D: SRPO's self-referential progress, POST /progress/batch, docs/progress.md). With
+    # progress a success pays as a score of 1, a failure progress x progress_coef (SRPO's 0.6),
+    # and a failure with no reference (no success of its task to compare with) the native
+    # reward (0) with on_no_reference: native, or the run stops (NoReferenceError) with raise.
+    reward_source: RewardSource = "score"
+    progress_coef: float = 0.6
+    on_no_reference: OnNoReference = "native"
     # The proxy's bearer token (proxy.api_key_env); None = the VLM_REWARD_PROXY_API_KEY variable.
     api_key: str | None = dataclasses.field(default=None, repr=False)
 
@@ -98,6 +108,7 @@ class RewardModelConfig:
         elif self.dense_points and self.binary_reward:
             problems.append("dense_points pays progress differences, which a thresholded score has not: "
                             "set binary_reward: false")
+        problems.extend(self._progress_problems())
         if not 0.0 <= float(self.success_threshold) <= 1.0:
             problems.append(f"success_threshold must be within [0, 1], got {self.success_threshold!r}")
         if self.transport not in ("inline", "path", "binary"):
@@ -118,6 +129,27 @@ class RewardModelConfig:
         if problems:
             raise RewardConfigError("reward_model: " + "; ".join(problems))
 
+    def _progress_problems(self) -> list[str]:
+        problems = []
+        coef = self.progress_coef
+        if isinstance(coef, bool) or not isinstance(coef, int | float) or not 0.0 <= coef <= 1.0:
+            problems.append(f"progress_coef must be a number within [0, 1], got {coef!r}")
+        if self.on_no_reference not in ("native", "raise"):
+            problems.append(f"on_no_reference must be 'native' or 'raise', got {self.on_no_reference!r}")
+        if self.reward_source not in ("score", "progress"):
+            problems.append(f"reward_source must be 'score' or 'progress', got {self.reward_source!r}")
+        elif self.reward_source == "progress":
+            if self.dense_points:
+                problems.append("reward_source: progress pays one progress per episode from /progress/batch; "
+                                "dense_points asks /score/dense for a curve: set dense_points: 0")
+            if self.binary_reward:
+                problems.append("reward_source: progress pays a continuous progress, which a threshold would "
+                                "erase: set binary_reward: false")
+            if self.backend_kwargs:
+                problems.append("reward_source: progress sends no backend_kwargs (an embedding backend has no "
+                                "prompt or score_mode): set backend_kwargs: {}")
+        return problems
+
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, mapping: Any = None, **overrides: Any) -> RewardModelConfig:
@@ -133,7 +165,7 @@ class RewardModelConfig:
                                     f"known: {', '.join(sorted(known))}")
         if data.get("backend_kwargs") is None:
             data.pop("backend_kwargs", None)
-        for name in ("timeout", "video_fps", "connect_timeout", "success_threshold", "episode_fps"):
+        for name in ("timeout", "video_fps", "connect_timeout", "success_threshold", "episode_fps", "progress_coef"):
             if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
                 data[name] = float(data[name])
         return cls(**data)
@@ -167,6 +199,10 @@ class RewardModelConfig:
     @property
     def batch_url(self) -> str:
         return self.base_url + C.BATCH_PATH
+
+    @property
+    def progress_url(self) -> str:
+        return self.base_url + C.PROGRESS_BATCH_PATH
 
     @property
     def health_url(self) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from vlm_protocol.wire import BATCH_PATH, DENSE_PATH, HEALTH_PATH, SCORE_PATH
 
-__all__ = ["BATCH_PATH", "DENSE_PATH", "HEALTH_PATH", "SCORE_PATH"]
+__all__ = ["BATCH_PATH", "DENSE_PATH", "HEALTH_PATH", "PROGRESS_BATCH_PATH", "SCORE_PATH"]
+
+PROGRESS_BATCH_PATH = "/progress/batch"  # reward_source: progress (docs/progress.md)
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:18080/score"
 
@@ -26,6 +28,7 @@ API_KEY_ENV = "VLM_REWARD_PROXY_API_KEY"
 DEFAULT_MAX_CONCURRENCY = 64  # requests in flight per client (= connection pool size)
 DEFAULT_MAX_BATCH_EPISODES = 16  # episodes per POST /score/batch
 DEFAULT_MAX_BATCH_BYTES = 48 * 2**20  # stay under the proxy's 64 MiB body cap
+DEFAULT_MAX_PROGRESS_ITEMS = 256  # episodes per POST /progress/batch (whole tasks; the proxy's cap is 512)
 # Encoded request bodies held at once (built, in flight or waiting): bounds the client's memory
 # (16 frames of 256x256 inline are ~4 MiB each).
 MAX_BODIES_IN_MEMORY = 64

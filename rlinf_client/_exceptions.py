@@ -3,7 +3,11 @@
     RewardClientError
     ├── RewardConfigError (ValueError)          a bad `reward_model` block
     ├── FramesError (ValueError)                frames that cannot be sent (empty, wrong shape)
+    ├── EpisodeMetadataError (ValueError)       reward_source: progress, an episode without
+    │                                           metadata.task_id or metadata.env_success
     ├── MissingDependencyError (ImportError)    OpenCV missing for `transport: path`
+    ├── NoReferenceError                        reward_source: progress, on_no_reference: raise, and a
+    │                                           failure had no success of its task to compare with
     └── RewardAPIError                          talking to the proxy failed; `.code`, `.attempts`
         ├── APIConnectionError                  no HTTP answer (refused, reset, closed)
         │   └── APITimeoutError                 the episode's `timeout` ran out
@@ -39,11 +43,13 @@ __all__ = [
     "AuthenticationError",
     "BadGatewayError",
     "BadRequestError",
+    "EpisodeMetadataError",
     "ForbiddenError",
     "FramesError",
     "GatewayTimeoutError",
     "InternalServerError",
     "MissingDependencyError",
+    "NoReferenceError",
     "NotFoundError",
     "PayloadTooLargeError",
     "RateLimitError",
@@ -68,8 +74,18 @@ class FramesError(RewardClientError, ValueError):
     code = "invalid_frames"
 
 
+class EpisodeMetadataError(RewardClientError, ValueError):
+    code = "invalid_metadata"
+
+
 class MissingDependencyError(RewardClientError, ImportError):
     pass
+
+
+class NoReferenceError(RewardClientError):
+    """A failed episode the proxy could not rate (outcome no_reference), under on_no_reference: raise."""
+
+    code = "no_reference"
 
 
 class RewardAPIError(RewardClientError):

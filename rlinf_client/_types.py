@@ -9,7 +9,7 @@ from typing import Any
 
 from rlinf_client._exceptions import RewardClientError
 
-__all__ = ["ClientStats", "Episode", "EpisodeScore"]
+__all__ = ["OUTCOMES", "ClientStats", "Episode", "EpisodeProgress", "EpisodeScore"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,32 @@ class EpisodeScore:
         return not self.ok
 
 
+OUTCOMES = ("success", "progress", "no_reference")
+
+
+@dataclass(frozen=True)
+class EpisodeProgress:
+    """One episode's result from POST /progress/batch (reward_source: progress).
+
+    When ok, `outcome` is the proxy's: `success` (progress 1.0), `progress` (a failure's progress in
+    [0, 1]) or `no_reference` (a failure with nothing to compare with: `progress` is None, never a
+    number). When not ok, `value` is the failure policy's value, as `EpisodeScore.value` is."""
+
+    ok: bool
+    value: float | None  # the progress when ok (None for no_reference), else the fallback's
+    outcome: str | None = None
+    progress: float | None = None
+    reason: str | None = None  # when not ok: the error code
+    error: RewardClientError | None = None
+    attempts: int = 0
+    latency_ms: float = 0.0
+    response: dict[str, Any] | None = None  # the item's `result` (distance, reference, embedding, ...)
+
+    @property
+    def fallback(self) -> bool:
+        return not self.ok
+
+
 @dataclass
 class ClientStats:
     """Running counts for one client; `failures` is what RLinf logs as the fallback count."""
@@ -60,7 +86,7 @@ class ClientStats:
     failure_reasons: collections.Counter = field(default_factory=collections.Counter)
     latency_ms_total: float = 0.0
 
-    def record(self, result: EpisodeScore) -> None:
+    def record(self, result: EpisodeScore | EpisodeProgress) -> None:
         self.episodes += 1
         self.latency_ms_total += result.latency_ms
         if result.ok:

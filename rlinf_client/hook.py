@@ -16,11 +16,17 @@ An episode ends on termination or truncation, or on truncation only with
 flag travels with the request as metadata (the proxy's audit log, never the model). A failed
 request follows `reward_model.fallback` (raise, zero, or env_success — the simulator's flag,
 never the default), mapped the same way, marked in `vlm_fallback` and counted in `failures`.
-Nothing here imports RLinf, torch or OpenCV.
+
+With `reward_source: progress` (run D) the episodes that ended in the step go to the proxy's
+/progress/batch instead, with their task ids and success flags (`mapping.map_progress`); a failure
+the proxy could not rate (no_reference) is paid the native reward and marked in
+`vlm_no_reference`, or stops the run (`on_no_reference: raise`). Nothing here imports RLinf, torch
+or OpenCV.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -30,9 +36,10 @@ import numpy as np
 
 from rlinf_client._client import RewardClient
 from rlinf_client._config import RewardModelConfig
+from rlinf_client._exceptions import NoReferenceError
 from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs
 from rlinf_client._types import Episode
-from rlinf_client.mapping import map_score, relative_step_reward
+from rlinf_client.mapping import map_progress, map_score, relative_step_reward
 from rlinf_client.shaping import potential_rewards
 
 __all__ = ["LiberoVLMReward"]
@@ -61,7 +68,8 @@ class LiberoVLMReward:
         self.ignore_terminations = bool(ignore_terminations)
         self.step_penalty = -1.0 if use_step_penalty else 0.0
         self._owns_client = client is None
-        # Anything with score_episodes(list[Episode]) -> list[EpisodeScore] will do.
+        # Anything with score_episodes(list[Episode]) -> list[EpisodeScore] will do (reward_source:
+        # progress: progress_episodes(list[Episode]) -> list[EpisodeProgress]).
         self.client = client if client is not None else RewardClient(self.config)
         self.buffers = [EpisodeFrameBuffer(self.config.buffer_frames, self.config.frame_stride)
                         for _ in range(num_envs)]
@@ -70,7 +78,9 @@ class LiberoVLMReward:
         self.prev_value = np.zeros(num_envs)  # RLinf's prev_step_reward, for this path
         self.vlm_score = np.zeros(num_envs)  # the score behind the reward (fallback included)
         self.vlm_fallback = np.zeros(num_envs)  # 1 where that score is the fallback
+        self.vlm_no_reference = np.zeros(num_envs)  # progress: 1 where a failure had no reference
         self.failures = 0  # fallbacks since creation
+        self.no_reference = 0  # progress: failures paid the native reward for want of a reference
         self.episodes_scored = 0
         self.episodes_started = np.zeros(num_envs, dtype=np.int64)  # per env, for episode ids
         # dense_points: each env's last scored curve as (episode step, score) points, and its steps
@@ -102,7 +112,7 @@ class LiberoVLMReward:
             self.buffers[env].append(frames[env])
         self.scored[ids] = False
         self.episodes_started[ids] += 1
-        for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback):
+        for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback, self.vlm_no_reference):
             array[ids] = 0.0
 
     def step_reward(self, obs: Mapping[str, Any], terminations: Any, truncations: Any,
@@ -129,9 +139,13 @@ class LiberoVLMReward:
 
     def episode_info(self) -> dict[str, np.ndarray]:
         """Per-env values for `infos["episode"]` (RLinf logs them as env/vlm_score and
-        env/vlm_fallback: means over episodes, so env/vlm_fallback is the fallback rate)."""
-        return {"vlm_score": self.vlm_score.astype(np.float32),
-                "vlm_fallback": self.vlm_fallback.astype(np.float32)}
+        env/vlm_fallback: means over episodes, so env/vlm_fallback is the fallback rate). With
+        reward_source: progress, vlm_score is the progress (1 for a success) and vlm_no_reference
+        marks the failures paid the native reward for want of a reference (env/vlm_no_reference)."""
+        info = {"vlm_score": self.vlm_score.astype(np.float32), "vlm_fallback": self.vlm_fallback.astype(np.float32)}
+        if self.config.reward_source == "progress":
+            info["vlm_no_reference"] = self.vlm_no_reference.astype(np.float32)
+        return info
 
     def shaped_rewards(self, env: int) -> np.ndarray | None:
         """With dense_points: env's last scored episode as per-step potential differences (one per
@@ -156,16 +170,21 @@ class LiberoVLMReward:
     def _score(self, envs: np.ndarray, terminations: np.ndarray, task_descriptions: Sequence[str],
                task_ids: np.ndarray | None) -> None:
         episodes = [Episode(self.buffers[env], str(task_descriptions[env]), fallback=float(terminations[env]),
-                            metadata=self._metadata(env, terminations, task_ids)) for env in envs]
-        results = self.client.score_episodes(episodes)  # raises under fallback: raise
+                            metadata=self._metadata(env, terminations, task_ids, str(task_descriptions[env])))
+                    for env in envs]
+        if self.config.reward_source == "progress":
+            paid = self._progress_values(episodes)
+        else:
+            paid = self._score_values(envs, episodes)
         reasons: Counter[str] = Counter()
-        for env, result in zip(envs, results, strict=True):
-            mapped = map_score(result.value, binary_reward=self.config.binary_reward,
+        for env, (score, shown, result) in zip(envs, paid, strict=True):
+            mapped = map_score(score, binary_reward=self.config.binary_reward,
                                success_threshold=self.config.success_threshold)
-            self.curves[env] = (result.curve, self.buffers[env].count) if result.ok and result.curve else None
             self.terminal_value[env] = self.reward_coef * mapped
-            self.vlm_score[env] = result.value
+            self.vlm_score[env] = shown
             self.vlm_fallback[env] = 0.0 if result.ok else 1.0
+            no_reference = result.ok and getattr(result, "outcome", None) == "no_reference"
+            self.vlm_no_reference[env] = 1.0 if no_reference else 0.0
             self.scored[env] = True
             self.buffers[env].clear()  # the frames are no longer needed
             if not result.ok:
@@ -178,7 +197,43 @@ class LiberoVLMReward:
                         self.config.failure_policy, ", ".join(f"{k} x{v}" for k, v in reasons.items()),
                         self.failures)
 
-    def _metadata(self, env: int, terminations: np.ndarray, task_ids: np.ndarray | None) -> dict[str, Any]:
+    def _score_values(self, envs: np.ndarray, episodes: list[Episode]) -> list[tuple[float, float, Any]]:
+        """(score, score, result) per episode from /score (raises under fallback: raise)."""
+        results = self.client.score_episodes(episodes)
+        for env, result in zip(envs, results, strict=True):
+            self.curves[env] = (result.curve, self.buffers[env].count) if result.ok and result.curve else None
+        return [(result.value, result.value, result) for result in results]
+
+    def _progress_values(self, episodes: list[Episode]) -> list[tuple[float, float, Any]]:
+        """(score, progress, result) per episode from /progress/batch. The score: 1 for a success,
+        progress x progress_coef for a failure, the fallback's value for a failed item, and for a
+        failure without a reference the native reward (0) or NoReferenceError (on_no_reference).
+        The progress (logged as vlm_score): the proxy's, else the score."""
+        results = self.client.progress_episodes(episodes)  # raises under fallback: raise
+        missing = [e for e, r in zip(episodes, results, strict=True) if r.ok and r.outcome == "no_reference"]
+        if missing and self.config.on_no_reference == "raise":
+            tasks = sorted({str(e.metadata["task_id"]) for e in missing})  # type: ignore[index]
+            raise NoReferenceError(f"{len(missing)} failed episode(s) of task(s) {', '.join(tasks)} had no success "
+                                   "of their task to compare with (outcome no_reference); on_no_reference: raise")
+        paid = []
+        for episode, result in zip(episodes, results, strict=True):
+            if not result.ok:
+                paid.append((result.value, result.value, result))
+                continue
+            score = map_progress(result.outcome, result.progress, progress_coef=self.config.progress_coef)
+            if score is None:  # no reference: the native reward, never a made-up progress
+                paid.append((episode.fallback, episode.fallback, result))
+            else:
+                paid.append((score, result.progress, result))
+        if missing:
+            self.no_reference += len(missing)
+            log.warning("reward model: %d of %d episodes ending now failed with no success of their task to "
+                        "compare with (no_reference); paid the native reward (0); %d so far", len(missing),
+                        len(episodes), self.no_reference)
+        return paid
+
+    def _metadata(self, env: int, terminations: np.ndarray, task_ids: np.ndarray | None,
+                  task_text: str) -> dict[str, Any]:
         metadata: dict[str, Any] = {"env_success": bool(terminations[env]), "env": int(env),
                                     "episode_id": f"env{env}-ep{int(self.episodes_started[env])}",
                                     "step": int(self.buffers[env].count) - 1}
@@ -186,4 +241,13 @@ class LiberoVLMReward:
             metadata["run"] = self.config.run
         if task_ids is not None and env < len(task_ids):
             metadata["task_id"] = task_ids[env].item() if hasattr(task_ids[env], "item") else task_ids[env]
+        elif self.config.reward_source == "progress":  # progress groups episodes by task: the text names it
+            metadata["task_id"] = _text_task_id(task_text)
         return metadata
+
+
+def _text_task_id(task_text: str) -> str:
+    """The task text as a task id, within the proxy's 256 characters for a metadata string."""
+    if len(task_text) <= 256:
+        return task_text
+    return task_text[:200] + "#" + hashlib.sha256(task_text.encode()).hexdigest()[:16]

@@ -15,6 +15,11 @@ which is 0 until the step the episode ends and `mapped` from then on (the seed's
 
 So with use_rel_reward the episode gets reward_coef * mapped once, on its end step. GRPO sums
 rewards up to and including the first done step (`calculate_scores`), which is that value.
+
+With reward_source: progress (run D, SRPO) the score is the episode's progress from the proxy's
+/progress/batch (`map_progress`): 1 for a success (RLinf's native success), progress x progress_coef
+for a failure, and no number at all for a failure without a reference (the hook pays the native
+reward, 0, or raises). binary_reward is false there, so `map_score` passes the value through.
 Whole-episode forms of these formulas, used only as test oracles, are in tests/rlinf_semantics.py.
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["map_score", "relative_step_reward"]
+__all__ = ["map_progress", "map_score", "relative_step_reward"]
 
 
 def map_score(score: float, *, binary_reward: bool, success_threshold: float) -> float:
@@ -31,6 +36,21 @@ def map_score(score: float, *, binary_reward: bool, success_threshold: float) ->
     if binary_reward:
         return 1.0 if score >= success_threshold else 0.0
     return score
+
+
+def map_progress(outcome: str, progress: float | None, *, progress_coef: float) -> float | None:
+    """The score a /progress/batch outcome stands for: success 1.0; progress (a failure) progress x
+    progress_coef (SRPO pays 0.6 x progress); no_reference None — there is no number to pay, and
+    none is made up here."""
+    if outcome == "success":
+        return 1.0
+    if outcome == "progress":
+        if progress is None:
+            raise ValueError("outcome progress without a progress")
+        return float(progress) * progress_coef
+    if outcome == "no_reference":
+        return None
+    raise ValueError(f"unknown progress outcome {outcome!r}")
 
 
 def relative_step_reward(value: np.ndarray, prev_value: np.ndarray, *,

@@ -8,6 +8,8 @@ it in your RLinf checkout under the overlay's file name:
     python -m rlinf_client.rlinf_configs --rlinf /path/to/RLinf configs/rlinf/*.yaml
     bash examples/embodiment/run_embodiment.sh libero_10_grpo_openvlaoft_runB_qwen
 
+(configs/rlinf holds runs A, B_qwen, C_primo and D_srpo: docs/rlinf.md.)
+
 Mappings merge key by key; anything else (lists, scalars) in the overlay replaces the base's.
 `${...}` interpolations are kept as text for Hydra to resolve.
 """

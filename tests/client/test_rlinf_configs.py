@@ -1,4 +1,4 @@
-"""The shipped A/B/C overlays and the tool that merges them into complete RLinf configs."""
+"""The shipped A/B/C/D overlays and the tool that merges them into complete RLinf configs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from rlinf_client.rlinf_configs import CONFIG_DIR, main
 
 OVERLAYS = sorted((Path(__file__).resolve().parents[2] / "configs" / "rlinf").glob("*.yaml"))
 NAMES = ["libero_10_grpo_openvlaoft_runA", "libero_10_grpo_openvlaoft_runB_qwen",
-         "libero_10_grpo_openvlaoft_runC_primo"]
+         "libero_10_grpo_openvlaoft_runC_primo", "libero_10_grpo_openvlaoft_runD_srpo"]
+SCORE_MODE = "env.train.reward_model.backend_kwargs.score_mode"
 
 # The shape of RLinf's libero_10_grpo_openvlaoft.yaml (the parts the overlays touch).
 BASE = """
@@ -56,18 +57,24 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def test_the_three_overlays_differ_only_in_the_reward_model_and_the_name():
+def test_the_overlays_differ_only_in_the_reward_model_and_the_name():
     assert [p.stem for p in OVERLAYS] == NAMES
     runs = [flatten(yaml.safe_load(p.read_text())) for p in OVERLAYS]
-    assert runs[0].keys() == runs[1].keys() == runs[2].keys()
-    differing = {key for key in runs[0] if len({str(run[key]) for run in runs}) > 1}
-    # PRIMO-R1 reasons up to 4096 tokens: its run waits longer per scoring call
+    # run D's embedding backend takes no backend_kwargs (an empty mapping has no leaf)
+    assert runs[0].keys() == runs[1].keys() == runs[2].keys() == runs[3].keys() | {SCORE_MODE}
+    differing = {key for key in runs[3] if len({str(run[key]) for run in runs}) > 1}
+    # PRIMO-R1 reasons up to 4096 tokens: its run waits longer per scoring call; run D pays progress
     assert differing == {"runner.logger.experiment_name", "env.train.reward_model.enable",
                          "env.train.reward_model.backend", "env.train.reward_model.timeout",
-                         "env.train.reward_model.run"}
+                         "env.train.reward_model.run", "env.train.reward_model.reward_source",
+                         "env.train.reward_model.binary_reward"}
     # each run names itself in the audit log, so `report` can split one log by run
-    assert [run["env.train.reward_model.run"] for run in runs] == ["runA", "runB_qwen", "runC_primo"]
-    assert [run["env.train.reward_model.backend"] for run in runs] == [None, "qwen2_5_vl_vllm", "PRIMO-R1"]
+    assert [run["env.train.reward_model.run"] for run in runs] == ["runA", "runB_qwen", "runC_primo", "runD_srpo"]
+    assert [run["env.train.reward_model.backend"] for run in runs] == [None, "qwen2_5_vl_vllm", "PRIMO-R1", "embed"]
+    assert [run["env.train.reward_model.reward_source"] for run in runs] == ["score"] * 3 + ["progress"]
+    assert [run["env.train.reward_model.binary_reward"] for run in runs] == [True] * 3 + [False]
+    assert all(run["env.train.reward_model.progress_coef"] == 0.6 for run in runs)
+    assert all(run["env.train.reward_model.on_no_reference"] == "native" for run in runs)
     # the seed's runB/runC failure semantics: a failed episode stops the run, never the simulator's flag
     assert all(run["env.train.reward_model.fallback"] == "raise" for run in runs)
     assert all(run["env.train.group_size"] == "${algorithm.group_size}" for run in runs)
@@ -101,6 +108,11 @@ def test_merging_writes_complete_configs_into_the_rlinf_checkout(tmp_path, capsy
     assert hook is not None and hook.config.backend == "qwen2_5_vl_vllm" and hook.reward_coef == 5.0
     run_a = omegaconf.OmegaConf.create(merged["libero_10_grpo_openvlaoft_runA"]["env"])
     assert LiberoVLMReward.from_env_cfg(run_a.train, 4) is None
+    run_d = omegaconf.OmegaConf.create(merged["libero_10_grpo_openvlaoft_runD_srpo"]["env"])
+    run_d.train.reward_coef, run_d.train.use_rel_reward, run_d.train.ignore_terminations = 5.0, True, False
+    hook = LiberoVLMReward.from_env_cfg(run_d.train, 4, client=object())
+    assert hook is not None and hook.config.reward_source == "progress" and hook.config.backend == "embed"
+    assert hook.config.progress_url == "http://127.0.0.1:18080/progress/batch"
 
 
 def test_missing_base_config_is_an_error(tmp_path, capsys):
