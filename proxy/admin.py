@@ -27,7 +27,7 @@ from proxy.health import Prober
 from proxy.http_errors import error_answers
 from proxy.observe import Metrics
 
-__all__ = ["ChangeAnswer", "EndpointChange", "EndpointsAnswer", "router"]
+__all__ = ["ChangeAnswer", "EndpointChange", "EndpointsAnswer", "admin_enabled", "router"]
 
 log = logging.getLogger("vlm_reward_proxy")
 
@@ -37,7 +37,8 @@ EndpointUrl = Annotated[str, StringConstraints(max_length=MAX_URL_CHARS), AfterV
      "description": "an OpenAI base URL, as in backends.<name>.endpoints (e.g. http://10.0.0.7:8001/v1)"})]
 
 
-async def _admin_enabled(request: Request) -> None:
+async def admin_enabled(request: Request) -> None:
+    """A dependency of every route that changes what the proxy serves or remembers."""
     if request.app.state.settings.proxy.api_key_env is None:
         raise AdminDisabled("admin routes need proxy.api_key_env: they change what the proxy serves, so they "
                             "never answer without a bearer token")
@@ -49,7 +50,7 @@ _ADMIN_MEANINGS = {403: "admin_disabled: admin routes need proxy.api_key_env",
                    422: "a bad field; `field` names it (a URL that is not an endpoint, one both added and removed)"}
 
 
-router = APIRouter(prefix="/admin", dependencies=[Depends(_admin_enabled)])
+router = APIRouter(prefix="/admin", dependencies=[Depends(admin_enabled)])
 
 
 class EndpointView(BaseModel):

@@ -60,8 +60,9 @@ class ReferenceStoreConfig(_Strict):
     POST /progress/batch beside the batch's own successes (docs/progress.md). Bounded per task."""
 
     dir: Path
-    max_successes: int = Field(32, ge=0)  # per task; the oldest is evicted first
-    max_demonstrations: PositiveInt = 32  # per task; never evicted, adding beyond is an error
+    # Per task. Bounded: clustering costs successes² x width (docs/benchmarks.md §6).
+    max_successes: int = Field(32, ge=0, le=1024)  # the oldest is evicted first
+    max_demonstrations: int = Field(32, ge=1, le=1024)  # never evicted; adding beyond is an error
 
 
 class ProxySettings(_Strict):

@@ -15,6 +15,7 @@
     ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
     ├── Overloaded                429  overloaded           (retryable)
     ├── ShuttingDown              503  shutting_down        (retryable)
+    ├── ProgressGroupFailed       (the cause's) progress_group_failed (/progress: another episode of the task failed)
     ├── ReferenceMismatch         409  reference_mismatch   (/progress: stored vectors of another size)
     ├── ReferenceStoreFull        409  reference_store_full (/progress/references: too many demonstrations)
     ├── ConfigError               (start-up only, never an HTTP answer)
@@ -25,7 +26,6 @@
         ├── UpstreamRejected      502  upstream_rejected    (a 4xx: our request was refused)
         │   └── MediaKwargsRefused 502 upstream_refuses_mm_kwargs
         ├── UpstreamProtocolError 502  upstream_bad_response (malformed JSON / shape)
-        ├── ProgressGroupFailed   502  progress_group_failed (/progress: another episode of the task failed)
         └── ScoreParseError       502  unparseable_score    (no declared answer in the reply)
             └── LabelParseError   502  unparseable_label    (/compare: no -1, 0 or 1 in the reply)
 
@@ -154,6 +154,21 @@ class ReferenceStoreFull(ProxyError):
     code = "reference_store_full"
 
 
+class ProgressGroupFailed(ProxyError):
+    """Another episode of the task failed: this one's progress cannot be computed. Its status and
+    retryability are the cause's (a bad frame is a 422, a vLLM outage a retryable 503)."""
+
+    code = "progress_group_failed"
+
+    @classmethod
+    def of(cls, cause: ProxyError, task: str, index: int) -> ProgressGroupFailed:
+        err = cls(f"episode {index} of task {task!r} failed ({cause.code}: {cause.message[:200]}); a task's "
+                  "progress needs every one of its episodes", retryable=cause.retryable, task_id=task,
+                  failed_index=index, cause=cause.code)
+        err.status_code = cause.status_code
+        return err
+
+
 class ConfigError(ProxyError):
     code = "config_error"
 
@@ -202,9 +217,6 @@ class MediaKwargsRefused(UpstreamRejected):
 class UpstreamProtocolError(UpstreamError):
     code = "upstream_bad_response"
 
-
-class ProgressGroupFailed(UpstreamError):
-    code = "progress_group_failed"
 
 
 class ScoreParseError(UpstreamError):

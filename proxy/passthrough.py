@@ -104,7 +104,7 @@ class ChatPassthrough:
 
     def models(self) -> dict:
         data = []
-        for backend in self.registry.backends.values():
+        for backend in self.registry.of_kind("chat"):  # an embedding backend serves /progress, not chat
             for label in dict.fromkeys(backend.labels):  # ordered, no repeats
                 data.append({"id": label, "object": "model", "owned_by": "vlm-reward-proxy",
                              "root": backend.config.model, "backend": backend.name})

@@ -10,8 +10,11 @@ to embed (every item of it fails: the reference set or the normalisation would s
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -27,17 +30,15 @@ from proxy.progress_schemas import (
     ReferencesRequest,
     ReferencesResponse,
 )
-from proxy.reference_store import ReferenceStore
+from proxy.reference_store import ReferenceStore, StoreKey
 from proxy.schemas import ScoreRequest
+from proxy.sources import FrameLimits
+from vlm_protocol.progress import task_key
 
 __all__ = ["ProgressScorer"]
 
 log = logging.getLogger(__name__)
 Outcome = ProgressResult | ProxyError
-
-
-def _task_key(task_id: Any) -> str:
-    return str(task_id)  # 3 and "3" are one task (the store's file names are text too)
 
 
 class ProgressScorer:
@@ -49,18 +50,43 @@ class ProgressScorer:
     def _scorer(self):
         return self.embedder.scorer
 
-    def _backend(self, label: str | None, items: list[ScoreRequest]) -> Backend:
-        """The embedding backend, every item checked against it (nothing is embedded before)."""
+    def _backend(self, label: str | None, items: list[ScoreRequest]) -> tuple[Backend, list[str]]:
+        """The embedding backend and each item's embedding space, every item checked against it
+        (nothing is embedded before)."""
         registry = self._scorer.registry
         backend = registry.resolve(label, kind="embedding")
+        spaces = []
         for index, item in enumerate(items):
             if item.backend is not None and registry.resolve(item.backend, field=f"items[{index}].backend",
                                                              kind=None) is not backend:
                 raise InvalidRequest(f"items[{index}].backend names another backend than the request's "
                                      f"({backend.name}): one request, one embedding space",
                                      field=f"items[{index}].backend")
-            self.embedder.check(item, backend, where=f"items[{index}].")
-        return backend
+            limits, _ = self.embedder.check(item, backend, where=f"items[{index}].")
+            spaces.append(self._space(backend, item, limits))
+        return backend, spaces
+
+    def _space(self, backend: Backend, item: ScoreRequest, limits: FrameLimits) -> str:
+        """What decides a vector besides the episode: vectors of two spaces are never compared,
+        stored together or normalised together. Not the frame count: a short episode has fewer
+        frames than nframes (and a client that samples sends nframes = the frames it picked)."""
+        cfg = backend.config
+        fps = cfg.frames.presentation_fps
+        sizing = {k: v for k, v in asdict(limits).items() if k not in ("nframes", "max_inline_frames",
+                                                                         "max_source_pixels")}
+        what = {"layout": cfg.layout, "request_mm_kwargs": cfg.request_mm_kwargs, "sizing": sizing,
+                "prompt": self._scorer.prompts.get(cfg.prompt).sha256 if cfg.prompt else None,
+                "fps": (item.video_fps or cfg.frames.default_video_fps) if fps == "seed" else fps}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def _one_space_per_task(tasks: dict[str, list[int]], spaces: list[str]) -> None:
+        for task, indices in tasks.items():
+            other = next((i for i in indices if spaces[i] != spaces[indices[0]]), None)
+            if other is not None:
+                raise InvalidRequest(f"items[{indices[0]}] and items[{other}] of task {task!r} would be embedded "
+                                     "differently (max_pixels or video_fps): one task, one embedding space",
+                                     field=f"items[{other}]")
 
     async def _embed_all(self, backend: Backend, items: list[ScoreRequest],
                          budget_s: float | None) -> list[Embedded | ProxyError]:
@@ -87,36 +113,43 @@ class ProgressScorer:
                 if item.metadata is None or getattr(item.metadata, key) is None:
                     raise InvalidRequest(f"items[{index}].metadata.{key} is required: progress is measured per "
                                          "task against the task's successes", field=f"items[{index}].metadata.{key}")
-        backend = self._backend(body.backend, items)
-        embedded = await self._embed_all(backend, items, budget_s)
+        backend, spaces = self._backend(body.backend, items)
         tasks: dict[str, list[int]] = defaultdict(list)
         for index, item in enumerate(items):
-            tasks[_task_key(item.metadata.task_id)].append(index)
+            tasks[task_key(item.metadata.task_id)].append(index)
+        self._one_space_per_task(tasks, spaces)
+        keys = {task: StoreKey(backend.config.model, spaces[indices[0]], body.reference_namespace or "", task)
+                for task, indices in tasks.items()}
+        embedded = await self._embed_all(backend, items, budget_s)
         outcomes: dict[int, Outcome] = {}
 
         def measure() -> None:  # clustering 256 x 3584 takes ~0.1 s of CPU: off the event loop
             for task, indices in tasks.items():
-                outcomes.update(self._task_outcomes(backend, task, indices, items, embedded, body.use_reference_store))
+                try:
+                    outcomes.update(self._task_outcomes(backend, keys[task], indices, items, embedded,
+                                                         body.use_reference_store))
+                except Exception as err:  # noqa: BLE001 - a bug fails its task, not every task of the request
+                    log.exception("progress of task %r failed unexpectedly", task)
+                    failure = ProxyError(f"internal error: {type(err).__name__}")
+                    outcomes.update({i: failure for i in indices})
 
         await asyncio.to_thread(measure)
         results = [self._answer(backend, i, items[i], embedded[i], outcomes[i], body.include_embeddings)
                    for i in range(len(items))]
         if self.store is not None and body.remember_successes:
-            await self._remember(backend, tasks, items, embedded, outcomes)
+            await self._remember(keys, tasks, embedded, outcomes)
         counts = {kind: sum(1 for o in outcomes.values() if isinstance(o, ProgressResult) and o.outcome == kind)
                   for kind in ("success", "progress", "no_reference")}
         ok = sum(r["ok"] for r in results)
         return {"results": results, "summary": {"ok": ok, "failed": len(results) - ok, **counts, "tasks": len(tasks)},
                 "method": METHOD}
 
-    def _task_outcomes(self, backend: Backend, task: str, indices: list[int], items: list[ScoreRequest],
+    def _task_outcomes(self, backend: Backend, key: StoreKey, indices: list[int], items: list[ScoreRequest],
                        embedded: list[Embedded | ProxyError], use_store: bool) -> dict[int, Outcome]:
+        task = key.task
         broken = [i for i in indices if isinstance(embedded[i], ProxyError)]
         if broken:
-            first = embedded[broken[0]]
-            group = ProgressGroupFailed(
-                f"episode {broken[0]} of task {task!r} failed ({first.code}: {first.message[:200]}); a task's "
-                "progress needs every one of its episodes", task_id=task, failed_index=broken[0])
+            group = ProgressGroupFailed.of(embedded[broken[0]], task, broken[0])
             return {i: embedded[i] if i in broken else group for i in indices}
         vectors = {i: embedded[i].vector for i in indices}
         dims = {len(v) for v in vectors.values()}
@@ -129,7 +162,7 @@ class ProgressScorer:
         stored = np.empty((0, dims.pop()))
         if failures and use_store and self.store is not None:
             try:
-                stored = self.store.references(backend.config.model, task, stored.shape[1])
+                stored = self.store.references(key, stored.shape[1])
             except ProxyError as err:
                 return {i: err for i in indices}
         outcomes: dict[int, Outcome] = {i: self._result(items[i], embedded[i], "success", 1.0) for i in successes}
@@ -180,7 +213,7 @@ class ProgressScorer:
             result["embedding"]["vector"] = embedded.vector.tolist()
         return {"index": index, "ok": True, "status": 200, "result": result}
 
-    async def _remember(self, backend: Backend, tasks: dict[str, list[int]], items: list[ScoreRequest],
+    async def _remember(self, keys: dict[str, StoreKey], tasks: dict[str, list[int]],
                         embedded: list[Embedded | ProxyError], outcomes: dict[int, Outcome]) -> None:
         """The batch's successes join their task's references (after this batch was answered with them)."""
         for task, indices in tasks.items():
@@ -188,19 +221,21 @@ class ProgressScorer:
                        if isinstance(outcomes[i], ProgressResult) and outcomes[i].outcome == "success"]
             if vectors:
                 try:
-                    await asyncio.to_thread(self.store.add_successes, backend.config.model, task, vectors)
+                    await asyncio.to_thread(self.store.add_successes, keys[task], vectors)
                 except (ProxyError, OSError) as err:  # the answer stands; the store says why it did not keep them
                     log.warning("reference store: successes of task %r not kept: %s", task, err)
 
     async def add_references(self, body: ReferencesRequest, *, budget_s: float | None) -> ReferencesResponse:
         if self.store is None:
-            raise InvalidRequest("no reference store is configured (proxy.reference_store)", field="task_id")
-        backend = self._backend(body.backend, body.items)
+            raise InvalidRequest("no reference store is configured (proxy.reference_store)")
+        backend, spaces = self._backend(body.backend, body.items)
+        task = task_key(body.task_id)
+        self._one_space_per_task({task: list(range(len(spaces)))}, spaces)
         embedded = await self._embed_all(backend, body.items, budget_s)
         for err in embedded:
             if isinstance(err, ProxyError):
                 raise err  # all or nothing: a demonstration set is added whole
-        total = await asyncio.to_thread(self.store.add_demonstrations, backend.config.model,
-                                        _task_key(body.task_id), [e.vector for e in embedded])
+        key = StoreKey(backend.config.model, spaces[0], body.reference_namespace or "", task)
+        added, total = await asyncio.to_thread(self.store.add_demonstrations, key, [e.vector for e in embedded])
         return ReferencesResponse(backend=backend.name, model=backend.config.model, task_id=body.task_id,
-                                  added=len(embedded), demonstrations=total)
+                                  added=added, demonstrations=total)

@@ -1,5 +1,7 @@
 """The progress routes (docs/progress.md): POST /progress/batch, and the reference store's
-POST and GET /progress/references."""
+POST and GET /progress/references. Adding demonstrations changes training rewards for good (they
+are never evicted), so it needs the bearer token as the admin routes do (403 without
+proxy.api_key_env)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from proxy.admin import admin_enabled
 from proxy.batch import check_batch_size
 from proxy.http_errors import error_answers
 from proxy.progress import ProgressScorer
@@ -37,8 +40,9 @@ async def progress_batch(body: ProgressBatchRequest, request: Request, progress:
     return JSONResponse(answer)
 
 
-@router.post("/progress/references", response_model=ReferencesResponse,
+@router.post("/progress/references", response_model=ReferencesResponse, dependencies=[Depends(admin_enabled)],
              responses=error_answers(*_ALWAYS, 403, 404, 409, 413, 422, 429, 502, 503, 504, meanings={
+                 403: "admin_disabled: adding demonstrations needs proxy.api_key_env",
                  409: "the task's stored vectors have another size, or it holds max_demonstrations already"}))
 async def add_references(body: ReferencesRequest, request: Request, progress: ProgressDep) -> ReferencesResponse:
     """Demonstrations of one task, kept as references (all of them, or none on an error)."""

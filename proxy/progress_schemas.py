@@ -7,8 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.schemas import ErrorDetail, FramesInfo, ScoreRequest, ShortString
+from vlm_protocol.progress import OUTCOMES
 
-Outcome = Literal["success", "progress", "no_reference"]
+Outcome = Literal[OUTCOMES]
 
 
 class ProgressBatchRequest(BaseModel):
@@ -22,6 +23,8 @@ class ProgressBatchRequest(BaseModel):
     include_embeddings: bool = False  # the vectors in the answer (large: for research, not training)
     use_reference_store: bool = True  # join the task's stored references, when a store is configured
     remember_successes: bool = True  # add this batch's successes to the store after answering
+    # The store keeps references per namespace: one training run's successes are not another's.
+    reference_namespace: ShortString | None = None
 
 
 class ReferencesRequest(BaseModel):
@@ -32,6 +35,7 @@ class ReferencesRequest(BaseModel):
     backend: str | None = None
     task_id: int | ShortString
     items: list[ScoreRequest] = Field(min_length=1)
+    reference_namespace: ShortString | None = None  # as in ProgressBatchRequest
 
 
 class ProgressReference(BaseModel):

@@ -1,10 +1,14 @@
-"""The bounded, persistent reference store of POST /progress/batch: per (served model, task), the
-embeddings of earlier successes (oldest evicted first) and of user-supplied demonstrations
-(never evicted; adding beyond the cap is an error).
+"""The bounded, persistent reference store of POST /progress/batch: per task, the embeddings of
+earlier successes (oldest evicted first) and of user-supplied demonstrations (never evicted;
+adding beyond the cap is an error).
 
-One `.npz` per task, written under a temporary name and renamed (a reader never sees half a
-file), loaded when the proxy starts. Keyed by the served model name: vectors of another model
-mean nothing here. Writes run on a worker thread (asyncio.to_thread); one lock keeps them whole.
+A task's references are kept under a `StoreKey`: the served model, the embedding space (what else
+decides a vector: layout, prompt, frame limits and rate — proxy/progress.py fingerprints it), an
+optional namespace (one training run's successes are not another's) and the task id. Vectors
+under another key are never mixed in. One `.npz` per key, written to a temporary file, fsynced and
+renamed (a reader never sees half a file), validated when loaded at start (a file that is not what
+this module writes is logged and ignored). Writes run on a worker thread (asyncio.to_thread); one
+lock keeps each change whole: a change is written first and kept in memory only once written.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,96 +27,134 @@ import numpy as np
 from proxy.config import ReferenceStoreConfig
 from proxy.errors import ReferenceMismatch, ReferenceStoreFull
 
-__all__ = ["ReferenceStore"]
+__all__ = ["ReferenceStore", "StoreKey"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Task:
+@dataclass(frozen=True)
+class StoreKey:
     model: str
+    space: str
+    namespace: str
     task: str
-    successes: list[np.ndarray] = field(default_factory=list)
-    demonstrations: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def file_name(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:32] + ".npz"
+
+
+@dataclass(frozen=True)
+class _Held:
+    successes: tuple[np.ndarray, ...] = ()
+    demonstrations: tuple[np.ndarray, ...] = ()
 
     @property
     def dim(self) -> int | None:
-        held = self.demonstrations or self.successes
-        return len(held[0]) if held else None
+        rows = self.demonstrations or self.successes
+        return len(rows[0]) if rows else None
 
 
 class ReferenceStore:
     def __init__(self, cfg: ReferenceStoreConfig) -> None:
         self.cfg = cfg
-        self._tasks: dict[tuple[str, str], _Task] = {}
+        self._held: dict[StoreKey, _Held] = {}
         self._lock = threading.Lock()
 
     def open(self) -> None:
-        """Create the directory and load every task file (a broken file is logged and left alone)."""
+        """Create the directory and load every task file, trimmed to today's caps."""
         self.cfg.dir.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.cfg.dir.glob("*.npz")):
             try:
-                with np.load(path, allow_pickle=False) as data:
-                    meta = json.loads(str(data["meta"]))
-                    entry = _Task(meta["model"], meta["task"], list(data["successes"]), list(data["demonstrations"]))
-            except (OSError, ValueError, KeyError) as err:
-                log.warning("reference store: cannot read %s (%s); it is ignored", path, err)
+                key, held = self._read(path)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("reference store: %s is not a reference file (%s); it is ignored", path, err)
                 continue
-            self._tasks[(entry.model, entry.task)] = entry
+            self._held[key] = _Held(held.successes[len(held.successes) - self.cfg.max_successes:]
+                                    if self.cfg.max_successes else (), held.demonstrations)
 
-    def references(self, model: str, task: str, dim: int) -> np.ndarray:
+    def references(self, key: StoreKey, dim: int) -> np.ndarray:
         """The task's stored vectors (demonstrations, then successes), rows of `dim` numbers."""
         with self._lock:
-            entry = self._tasks.get((model, task))
-            rows = [*entry.demonstrations, *entry.successes] if entry else []
+            held = self._held.get(key, _Held())
+        rows = [*held.demonstrations, *held.successes]
         if rows and len(rows[0]) != dim:
             raise ReferenceMismatch(
-                f"the reference store holds {len(rows[0])}-number vectors for task {task!r} of model {model!r}, "
-                f"but the model now answers {dim}: remove {self._path(model, task)} (the model changed)",
-                task_id=task)
+                f"the reference store holds {len(rows[0])}-number vectors for task {key.task!r} of model "
+                f"{key.model!r}, but the model now answers {dim}: the checkpoint changed under its name; "
+                f"remove {self.cfg.dir / key.file_name}", task_id=key.task)
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), dim)
 
-    def add_successes(self, model: str, task: str, vectors: list[np.ndarray]) -> None:
+    def add_successes(self, key: StoreKey, vectors: list[np.ndarray]) -> None:
         if not vectors or self.cfg.max_successes == 0:
             return
         with self._lock:
-            entry = self._entry(model, task, len(vectors[0]))
-            entry.successes = [*entry.successes, *vectors][-self.cfg.max_successes:]
-            self._write(entry)
+            held = self._held.get(key, _Held())
+            kept = _new_rows(held, vectors)
+            successes = (*held.successes, *kept)[-self.cfg.max_successes:]
+            self._commit(key, _Held(successes, held.demonstrations))
 
-    def add_demonstrations(self, model: str, task: str, vectors: list[np.ndarray]) -> int:
-        """Adds them all or none; returns how many the task now holds."""
+    def add_demonstrations(self, key: StoreKey, vectors: list[np.ndarray]) -> tuple[int, int]:
+        """Adds them all (but exact repeats, which would make a cluster of one episode) or none;
+        returns how many were added and how many the task now holds."""
         with self._lock:
-            entry = self._entry(model, task, len(vectors[0]))
-            if len(entry.demonstrations) + len(vectors) > self.cfg.max_demonstrations:
+            held = self._held.get(key, _Held())
+            kept = _new_rows(held, vectors)
+            if len(held.demonstrations) + len(kept) > self.cfg.max_demonstrations:
                 raise ReferenceStoreFull(
-                    f"task {task!r} holds {len(entry.demonstrations)} demonstrations; {len(vectors)} more would "
-                    f"exceed reference_store.max_demonstrations ({self.cfg.max_demonstrations})", task_id=task)
-            entry.demonstrations = [*entry.demonstrations, *vectors]
-            self._write(entry)
-            return len(entry.demonstrations)
+                    f"task {key.task!r} holds {len(held.demonstrations)} demonstrations; {len(kept)} more would "
+                    f"exceed reference_store.max_demonstrations ({self.cfg.max_demonstrations})", task_id=key.task)
+            self._commit(key, _Held(held.successes, (*held.demonstrations, *kept)))
+            return len(kept), len(held.demonstrations) + len(kept)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            tasks = [{"model": e.model, "task_id": e.task, "successes": len(e.successes),
-                      "demonstrations": len(e.demonstrations), "dim": e.dim} for e in self._tasks.values()]
+            tasks = [{"model": k.model, "space": k.space, "namespace": k.namespace, "task_id": k.task,
+                      "successes": len(h.successes), "demonstrations": len(h.demonstrations), "dim": h.dim}
+                     for k, h in self._held.items()]
         return {"dir": str(self.cfg.dir), "max_successes": self.cfg.max_successes,
                 "max_demonstrations": self.cfg.max_demonstrations, "tasks": tasks}
 
-    def _entry(self, model: str, task: str, dim: int) -> _Task:
-        entry = self._tasks.setdefault((model, task), _Task(model, task))
-        if entry.dim is not None and entry.dim != dim:
-            raise ReferenceMismatch(f"task {task!r} of model {model!r} holds {entry.dim}-number vectors; these have "
-                                    f"{dim}: remove {self._path(model, task)} (the model changed)", task_id=task)
-        return entry
+    def _commit(self, key: StoreKey, held: _Held) -> None:
+        """On disk first; in memory only once written (a failed write changes nothing)."""
+        path, dim = self.cfg.dir / key.file_name, held.dim or 0
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # never matches *.npz
+        try:
+            with open(tmp, "wb") as out:
+                np.savez(out, meta=np.array(json.dumps(asdict(key))),
+                         successes=np.asarray(held.successes, dtype=np.float64).reshape(-1, dim),
+                         demonstrations=np.asarray(held.demonstrations, dtype=np.float64).reshape(-1, dim))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._held[key] = held
 
-    def _path(self, model: str, task: str):
-        return self.cfg.dir / (hashlib.sha256(f"{model}\0{task}".encode()).hexdigest()[:32] + ".npz")
+    @staticmethod
+    def _read(path: Path) -> tuple[StoreKey, _Held]:
+        with np.load(path, allow_pickle=False) as data:
+            key = StoreKey(**{k: str(v) for k, v in json.loads(str(data["meta"])).items()})
+            arrays = [np.asarray(data[name]) for name in ("successes", "demonstrations")]
+        if path.name != key.file_name:
+            raise ValueError(f"its key belongs in {key.file_name}")
+        widths = {a.shape[1] for a in arrays if a.ndim == 2 and len(a)}
+        if any(a.ndim != 2 or a.dtype != np.float64 or not np.isfinite(a).all() for a in arrays) or len(widths) > 1:
+            raise ValueError("successes and demonstrations must be finite float64 rows of one width")
+        return key, _Held(tuple(arrays[0]), tuple(arrays[1]))
 
-    def _write(self, entry: _Task) -> None:
-        path, dim = self._path(entry.model, entry.task), entry.dim or 0
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps({"model": entry.model, "task": entry.task})),
-                 successes=np.asarray(entry.successes, dtype=np.float64).reshape(-1, dim),
-                 demonstrations=np.asarray(entry.demonstrations, dtype=np.float64).reshape(-1, dim))
-        os.replace(tmp, path)
+
+def _new_rows(held: _Held, vectors: list[np.ndarray]) -> list[np.ndarray]:
+    """The vectors not held yet (nor repeated in `vectors`), checked to be one finite width that
+    matches the task's."""
+    widths = {len(v) for v in vectors} | ({held.dim} if held.dim else set())
+    if len(widths) > 1 or not all(np.isfinite(v).all() for v in vectors):
+        raise ReferenceMismatch(f"vectors of widths {sorted(widths)} (or not finite) cannot join one task's "
+                                "references: did the checkpoint change under its name?")
+    seen = {v.tobytes() for v in (*held.successes, *held.demonstrations)}
+    kept = []
+    for vector in vectors:
+        if vector.tobytes() not in seen:
+            seen.add(vector.tobytes())
+            kept.append(np.asarray(vector, dtype=np.float64))
+    return kept

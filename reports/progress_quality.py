@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from reports.plotting import fmt, table
+from vlm_protocol.progress import OUTCOMES
 
 __all__ = ["PROGRESS_QUANTILES", "ProgressGroup", "ProgressLog", "progress_alerts", "progress_numbers",
            "progress_section"]
 
-OUTCOMES = ("success", "progress", "no_reference")
 PROGRESS_QUANTILES = (10, 25, 50, 75, 90)
 NO_TASK = "(no task_id)"
 OTHER_TASKS = "(other tasks)"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from vlm_protocol.progress import PROGRESS_PATH
 from vlm_protocol.wire import BATCH_PATH, DENSE_PATH, HEALTH_PATH, SCORE_PATH
 
 __all__ = ["BATCH_PATH", "DENSE_PATH", "HEALTH_PATH", "PROGRESS_BATCH_PATH", "SCORE_PATH"]
 
-PROGRESS_BATCH_PATH = "/progress/batch"  # reward_source: progress (docs/progress.md)
+PROGRESS_BATCH_PATH = PROGRESS_PATH  # reward_source: progress (docs/progress.md)
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:18080/score"
 

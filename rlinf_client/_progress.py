@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from rlinf_client import _constants as C
-from rlinf_client._base_client import ScoreRequestBody, TransportCore, build_request_body_async
+from rlinf_client._base_client import ScoreRequestBody, TransportCore, build_request_body_async, retry_delay
 from rlinf_client._batch import batch_body
 from rlinf_client._config import RewardModelConfig
 from rlinf_client._exceptions import (
@@ -37,6 +37,7 @@ from rlinf_client._exceptions import (
     make_status_error,
 )
 from rlinf_client._types import OUTCOMES, ClientStats, Episode, EpisodeProgress
+from vlm_protocol.progress import task_key
 
 __all__ = ["progress_episodes"]
 
@@ -59,18 +60,21 @@ async def progress_episodes(core: TransportCore, stats: ClientStats, episodes: l
     task_keys = [_task_key(index, episode) for index, episode in enumerate(episodes)]
     started = time.perf_counter()
     deadline = time.monotonic() + cfg.timeout
-    bodies = await _build_all(episodes, cfg)
     outcomes: list[Outcome | None] = [None] * len(episodes)
     attempts = [0] * len(episodes)
-    try:
-        _fail_tasks_without_all_bodies(bodies, task_keys, outcomes)
-        requests = _pack([i for i, o in enumerate(outcomes) if o is None], task_keys, bodies)
-        await asyncio.gather(*(_send(core, episodes, bodies, indices, deadline, outcomes, attempts)
-                               for indices in requests))
-    finally:
-        for body in bodies:
-            if isinstance(body, ScoreRequestBody):
-                body.discard(cfg.keep_temp_video)
+    for wave in _waves(task_keys):  # at most MAX_BODIES_IN_MEMORY bodies alive (a bigger task alone)
+        bodies: list = [None] * len(episodes)
+        for index, body in zip(wave, await _build_all([episodes[i] for i in wave], cfg), strict=True):
+            bodies[index] = body
+        try:
+            _fail_tasks_without_all_bodies(bodies, task_keys, outcomes)
+            requests = _pack([i for i in wave if outcomes[i] is None], task_keys, bodies)
+            await asyncio.gather(*(_send(core, episodes, bodies, indices, task_keys, deadline, outcomes, attempts)
+                                   for indices in requests))
+        finally:
+            for body in bodies:
+                if isinstance(body, ScoreRequestBody):
+                    body.discard(cfg.keep_temp_video)
     latency_ms = (time.perf_counter() - started) * 1e3
     results = [_settle(cfg, episode, outcome, n, latency_ms)  # type: ignore[arg-type]
                for episode, outcome, n in zip(episodes, outcomes, attempts, strict=True)]
@@ -93,7 +97,7 @@ def _task_key(index: int, episode: Episode) -> str:
     if not isinstance(success, bool):
         raise EpisodeMetadataError(f"episode {index}: /progress/batch needs metadata.env_success (a bool), "
                                    f"got {success!r}")
-    return str(task_id)
+    return task_key(task_id)
 
 
 async def _build_all(episodes: list[Episode], cfg: RewardModelConfig) -> list[ScoreRequestBody | FramesError]:
@@ -105,6 +109,21 @@ async def _build_all(episodes: list[Episode], cfg: RewardModelConfig) -> list[Sc
                 body.discard(cfg.keep_temp_video)
         raise unexpected
     return built  # type: ignore[return-value]
+
+
+def _waves(task_keys: list[str]) -> list[list[int]]:
+    """Whole tasks, in order, in waves of at most MAX_BODIES_IN_MEMORY episodes: the bodies of one
+    wave are built, sent and freed before the next is built (256 episodes of 16 frames would
+    otherwise hold ~0.6 GB in the env worker at once)."""
+    tasks: dict[str, list[int]] = {}
+    for index, key in enumerate(task_keys):
+        tasks.setdefault(key, []).append(index)
+    waves: list[list[int]] = [[]]
+    for members in tasks.values():
+        if waves[-1] and len(waves[-1]) + len(members) > C.MAX_BODIES_IN_MEMORY:
+            waves.append([])
+        waves[-1].extend(members)
+    return waves
 
 
 def _fail_tasks_without_all_bodies(bodies: list, task_keys: list[str], outcomes: list) -> None:
@@ -140,21 +159,49 @@ def _pack(indices: list[int], task_keys: list[str], bodies: list) -> list[list[i
     return requests
 
 
-async def _send(core: TransportCore, episodes: list[Episode], bodies: list, indices: list[int], deadline: float,
-                outcomes: list, attempts: list[int]) -> None:
+async def _send(core: TransportCore, episodes: list[Episode], bodies: list, indices: list[int],
+                task_keys: list[str], deadline: float, outcomes: list, attempts: list[int]) -> None:
+    """One request for whole tasks; then the tasks whose every failed item may be retried (a
+    moment of overload: `overloaded`, and `progress_group_failed` carrying its cause's word) are
+    sent again, whole, at most max_retries times within the deadline. Never part of a task."""
     cfg = core.cfg
-    items = [replace(bodies[i], payload={k: v for k, v in bodies[i].payload.items() if k in ITEM_FIELDS})
-             for i in indices]
-    content_type, content = batch_body(items, {"backend": cfg.backend} if cfg.backend else None)
-    try:
-        answer, tries = await core.post_json(cfg.progress_url, content, deadline, content_type)
-    except RewardAPIError as err:  # the whole request failed: every episode in it, with that error
-        for index in indices:
-            outcomes[index], attempts[index] = err, err.attempts
-        return
-    sent = [episodes[i].metadata or {} for i in indices]
-    for index, outcome in zip(indices, parse_answer(answer, sent, tries), strict=True):
-        outcomes[index], attempts[index] = outcome, tries
+    fields = {"backend": cfg.backend} if cfg.backend else {}
+    if cfg.run:  # the proxy's reference store keeps this run's successes apart from other runs'
+        fields["reference_namespace"] = cfg.run
+    pending, resends = indices, 0
+    while True:
+        items = [replace(bodies[i], payload={k: v for k, v in bodies[i].payload.items() if k in ITEM_FIELDS})
+                 for i in pending]
+        content_type, content = batch_body(items, fields or None)
+        try:
+            answer, tries = await core.post_json(cfg.progress_url, content, deadline, content_type)
+        except RewardAPIError as err:  # the whole request failed: every episode in it, with that error
+            for index in pending:
+                outcomes[index], attempts[index] = err, attempts[index] + err.attempts
+            return
+        sent = [episodes[i].metadata or {} for i in pending]
+        for index, outcome in zip(pending, parse_answer(answer, sent, tries), strict=True):
+            outcomes[index], attempts[index] = outcome, attempts[index] + tries
+        pending = _retryable_tasks(pending, task_keys, outcomes)
+        delay = retry_delay(resends + 1, None)
+        if not pending or resends >= cfg.max_retries or time.monotonic() + delay >= deadline:
+            return
+        resends += 1
+        core.stats.retries += 1
+        await asyncio.sleep(delay)
+
+
+def _retryable_tasks(indices: list[int], task_keys: list[str], outcomes: list) -> list[int]:
+    """The episodes of the tasks that failed only in ways worth asking again."""
+    tasks: dict[str, list[int]] = {}
+    for index in indices:
+        tasks.setdefault(task_keys[index], []).append(index)
+    again = []
+    for members in tasks.values():
+        errors = [outcomes[i] for i in members if isinstance(outcomes[i], RewardClientError)]
+        if errors and all(getattr(err, "retryable", False) for err in errors):
+            again.extend(members)
+    return again
 
 
 def parse_answer(answer: Any, sent: list[dict[str, Any]], attempts: int) -> list[Outcome]:

@@ -48,7 +48,7 @@ class EpisodeScore:
         return not self.ok
 
 
-OUTCOMES = ("success", "progress", "no_reference")
+from vlm_protocol.progress import OUTCOMES  # noqa: E402 - re-exported beside the result type
 
 
 @dataclass(frozen=True)

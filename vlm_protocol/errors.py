@@ -48,7 +48,8 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("unparseable_score", 502, False, "the model's replies held no declared answer"),
     ErrorCode("unparseable_label", 502, False, "the model's replies held no preference label (-1, 0 or 1)"),
     ErrorCode("progress_group_failed", 502, False,
-              "another episode of the same task failed to embed: that task's progress cannot be computed"),
+              "another episode of the same task failed (`cause` its code; the status and retryability are the "
+              "cause's): that task's progress cannot be computed"),
     ErrorCode("reference_mismatch", 409, False,
               "stored references of the task have another dimension than the model's embeddings"),
     ErrorCode("reference_store_full", 409, False, "the task already holds reference_store.max_demonstrations"),

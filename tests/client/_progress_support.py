@@ -20,6 +20,7 @@ import numpy as np
 
 from tests.client._support import decode_npy, frame_tag, read_body
 from vlm_protocol.multipart import decode_form, is_form
+from vlm_protocol.progress import task_key
 
 
 def read_request(request: httpx.Request) -> dict:
@@ -77,7 +78,7 @@ class FakeProgressProxy:
         if request.url.path != "/progress/batch":
             return httpx.Response(404, json={"error": {"code": "not_found", "message": request.url.path}})
         items = body["items"]
-        with_success = {i["metadata"]["task_id"] for i in items if i["metadata"]["env_success"]}
+        with_success = {task_key(i["metadata"]["task_id"]) for i in items if i["metadata"]["env_success"]}
         with_success |= self.remembered
         results = []
         for index, item in enumerate(items):
@@ -85,14 +86,14 @@ class FakeProgressProxy:
             answer = self.rate(item, frames, with_success) if self.rate else self._default(item, frames, with_success)
             results.append({**answer, "index": index})
             if self.remember and answer["ok"] and answer["result"]["outcome"] == "success":
-                self.remembered.add(item["metadata"]["task_id"])
+                self.remembered.add(task_key(item["metadata"]["task_id"]))
         return httpx.Response(200, json={"results": results, "summary": {}, "method": {}})
 
     def _default(self, item: dict, frames: np.ndarray | None, with_success: set) -> dict:
         meta = item["metadata"]
         if meta["env_success"]:
             return result(item, "success", 1.0)
-        if meta["task_id"] not in with_success:
+        if task_key(meta["task_id"]) not in with_success:  # grouped as the proxy groups them
             return result(item, "no_reference", None)
         return result(item, "progress", self.progress_of(item, frames))
 

@@ -188,3 +188,48 @@ def test_unsendable_frames_fail_their_whole_task_and_only_it():
 def test_no_episodes_no_request():
     fake = FakeProgressProxy()
     assert run(fake, [])[0] == [] and fake.requests == []
+
+
+def test_the_run_label_is_the_reference_namespace():
+    fake = FakeProgressProxy()
+    run(fake, [episode(0, 1, True)], run="runD-seed1")
+    run(fake, [episode(0, 1, True)])
+    assert [b.get("reference_namespace") for b in fake.batches] == ["runD-seed1", None]
+
+
+def test_a_task_that_failed_only_retryably_is_sent_again_whole():
+    """A moment of overload (the proxy's word: retryable) must not stop a run under fallback: raise;
+    the task goes again whole, a task that failed for good does not."""
+    fake = FakeProgressProxy()
+    calls = {"n": 0}
+
+    def rate(item, frames, with_success):
+        first_round = calls["n"] < 4
+        calls["n"] += 1
+        if item["metadata"]["task_id"] == 1 and first_round:
+            if item["metadata"]["env_success"]:
+                return item_error(429, "overloaded") | {"error": {"code": "overloaded", "message": "busy",
+                                                                  "retryable": True}}
+            return item_error(429, "progress_group_failed") | {"error": {
+                "code": "progress_group_failed", "message": "episode 0 failed", "retryable": True}}
+        if item["metadata"]["task_id"] == 2:
+            return item_error(422, "media_decode_error")
+        return result(item, "success" if item["metadata"]["env_success"] else "progress",
+                      1.0 if item["metadata"]["env_success"] else 0.3)
+
+    fake.rate = rate
+    results, stats = run(fake, [episode(0, 1, True), episode(1, 1, False), episode(2, 2, False), episode(3, 2, True)])
+    assert [len(b["items"]) for b in fake.batches] == [4, 2]  # task 1 again, whole; task 2 (a 422) not
+    assert {i["metadata"]["task_id"] for i in fake.batches[1]["items"]} == {1}
+    assert [(r.ok, r.outcome) for r in results[:2]] == [(True, "success"), (True, "progress")]
+    assert [r.reason for r in results[2:]] == ["media_decode_error"] * 2
+    assert results[0].attempts == 2 and stats.retries >= 1
+
+
+def test_bodies_are_built_in_waves_of_whole_tasks(monkeypatch):
+    monkeypatch.setattr(C, "MAX_BODIES_IN_MEMORY", 3)
+    fake = FakeProgressProxy()
+    tasks = [1, 1, 2, 2, 3, 3, 3, 3]  # waves: [1, 1] + ... never splitting a task; task 3 (4 > 3) alone
+    results, _ = run(fake, [episode(e, t, e % 2 == 0) for e, t in enumerate(tasks)])
+    assert [sorted({i["metadata"]["task_id"] for i in b["items"]}) for b in fake.batches] == [[1], [2], [3]]
+    assert all(r.ok for r in results)

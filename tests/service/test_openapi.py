@@ -69,8 +69,7 @@ def running_proxy():
         backend["max_model_len"] = None  # content-dependent budgets are documented 422s, not schema rules
     data["backends"]["embed"] = {"model": "fake-embed", "kind": "embedding", "endpoints": [fakes[2].base_url],
                                  "retry": data["backends"]["qwen2_5_vl_vllm"]["retry"]}
-    # POST /progress/references adds demonstrations; beyond the cap it is a documented 409.
-    data["proxy"]["reference_store"] = {"dir": str(Path(MEDIA.name) / "references"), "max_demonstrations": 64}
+    data["proxy"]["reference_store"] = {"dir": str(Path(MEDIA.name) / "references")}  # GET /progress/references
     proxy = ProxyServerThread(settings_from_dict(data)).start()
     yield proxy
     proxy.stop()
@@ -86,11 +85,10 @@ def api_document(running_proxy):
 
 # The shared proxy has no proxy.api_key_env, so there the admin routes answer 403 whatever is sent
 # (and change nothing); they are fuzzed with the token on a proxy of their own below.
-ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints"]
+ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints", "POST /progress/references"]
 OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /score", "POST /score/batch",
               "POST /score/dense", "POST /compare", "POST /compare/batch",
-              "POST /v1/chat/completions", "POST /progress/batch", "POST /progress/references",
-              "GET /progress/references", *ADMIN_OPERATIONS]
+              "POST /v1/chat/completions", "POST /progress/batch", "GET /progress/references", *ADMIN_OPERATIONS]
 
 
 def test_the_document_lists_every_route(api_document):
@@ -114,9 +112,14 @@ def _within_the_episode(case):
     case out when it cannot be (a one-frame episode has no curve)."""
     body, count = case.body, None
     if case.operation.path.startswith("/progress/") and isinstance(body, dict) and isinstance(body.get("items"), list):
-        for item in body["items"]:  # each item an episode, as a /score body
-            if isinstance(item, dict) and _index(item.get("prefix_end")) and (n := _frame_count(item)) is not None:
+        items = [item for item in body["items"] if isinstance(item, dict)]
+        for item in items:  # each item an episode, as a /score body
+            if _index(item.get("prefix_end")) and (n := _frame_count(item)) is not None:
                 item["prefix_end"] = min(int(item["prefix_end"]), n - 1)
+            # The episodes of one request are embedded alike (one task, one embedding space: a rule
+            # across items, which a schema cannot state).
+            for key in ("max_pixels", "video_fps"):
+                item[key] = items[0].get(key)
         return case
     if not isinstance(body, dict) or (count := _frame_count(body)) is None:
         return case
@@ -155,14 +158,17 @@ ADMIN_KEY = "fuzz-admin-token"
 
 
 @pytest.fixture
-def admin_proxy(monkeypatch, proxy_factory, tmp_path):
+def admin_proxy(monkeypatch, proxy_factory, fake_vllm_factory, tmp_path):
     """A proxy with the bearer token, of its own: POST /admin/endpoints changes what it serves, which
     must not happen to the shared proxy the other operations are fuzzed against. Its endpoints need
     not answer: nothing is scored there."""
     monkeypatch.setenv("ADMIN_FUZZ_KEY", ADMIN_KEY)
-    qwen, primo, embed = (f"http://127.0.0.1:{port}/v1" for port in free_ports(3))
+    qwen, primo = (f"http://127.0.0.1:{port}/v1" for port in free_ports(2))
+    embed = fake_vllm_factory(served_model_name="fake-embed", record=False).base_url  # demonstrations get embedded
     data = libero_settings_dict([qwen], [primo], tmp_path, health_interval_s=30, api_key_env="ADMIN_FUZZ_KEY")
-    data["backends"]["embed"] = {"model": "fake-embed", "kind": "embedding", "endpoints": [embed]}  # as documented
+    data["backends"]["embed"] = {"model": "fake-embed", "kind": "embedding", "endpoints": [embed],
+                                 "retry": data["backends"]["qwen2_5_vl_vllm"]["retry"]}
+    data["proxy"]["reference_store"] = {"dir": str(tmp_path / "references")}
     return proxy_factory(settings_from_dict(data))
 
 
@@ -190,6 +196,7 @@ def test_the_admin_routes_answer_what_the_document_says_with_the_token(api_docum
         def fuzz(case):
             if case.meta is not None and case.meta.generation.mode.is_positive:
                 _removable(case, http, admin_proxy)
+                _within_the_episode(case)
             case.call_and_validate(base_url=admin_proxy.url, headers=token)
 
         fuzz()

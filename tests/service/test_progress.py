@@ -10,6 +10,8 @@ import json
 import httpx
 import numpy as np
 import pytest
+from sklearn.cluster import DBSCAN
+from sklearn.preprocessing import StandardScaler
 
 from proxy.config import settings_from_dict
 from tests.conftest import libero_settings_dict
@@ -72,11 +74,12 @@ def test_progress_follows_srpo_against_the_oracle(progress_client, fake_embed):
     oracle = siirl_rewards(vectors, np.array([i["metadata"]["env_success"] for i in items]), ["7"] * 6)
     assert [r["outcome"] for r in results] == ["success"] * 3 + ["progress"] * 3
     assert [r["progress"] for r in results[:3]] == [1.0, 1.0, 1.0]
+    labels = set(DBSCAN(eps=0.5, min_samples=2).fit(StandardScaler().fit_transform(vectors[:3])).labels_) - {-1}
     for k in (3, 4, 5):
         assert 0.6 * results[k]["progress"] == pytest.approx(oracle[k]["score"], abs=1e-9)
         assert results[k]["distance"] == pytest.approx(oracle[k]["distance"], abs=1e-9)
-        assert results[k]["reference"] == {"batch_successes": 3, "stored": 0, "centres": 1,
-                                           "clustered": results[k]["reference"]["clustered"], "failures": 3}
+        assert results[k]["reference"] == {"batch_successes": 3, "stored": 0, "centres": max(len(labels), 1),
+                                           "clustered": bool(labels), "failures": 3}
     assert results[3]["progress"] > results[4]["progress"] > results[5]["progress"]  # nearer is further along
     assert answer["summary"] == {"ok": 6, "failed": 0, "success": 3, "progress": 3, "no_reference": 0, "tasks": 1}
     assert answer["method"]["name"] == "srpo" and answer["method"]["dbscan_eps"] == 0.5
@@ -129,6 +132,9 @@ def test_an_item_without_task_or_success_fails_the_request_before_anything_is_se
     ({"items": [{**item(1, True, (1, 1, 1)), "backend_kwargs": {"temperature": 0.5}}]}, "items[0].backend_kwargs"),
     ({"items": [{**item(1, True, (1, 1, 1)), "nframes": 100000}]}, "items[0].nframes"),
     ({"items": []}, "items"),
+    ({"items": [{**item(1, True, (1, 1, 1)), "backend": "qwen2_5_vl_vllm"}]}, "items[0].backend"),
+    ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)), "max_pixels": 28 * 28 * 64}]}, "items[1]"),
+    ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)), "video_fps": 8}]}, "items[1]"),
 ])
 def test_bad_requests_name_the_field(progress_client, fake_embed, body, field):
     response = progress_client.post("/progress/batch", json={"items": [item(1, True, (1, 1, 1))], **body})
@@ -172,21 +178,56 @@ def test_a_broken_embedding_reply_is_retried_never_measured(progress_client, fak
     assert result["embedding"]["attempts"] == 2 and result["embedding"]["dim"] == 4
 
 
+def test_a_persistently_broken_embedding_is_an_item_error_never_a_number(progress_client, fake_embed):
+    fake_embed.script(*[{"body": {"data": [{"embedding": [0.0, 0.0]}]}}] * 3)  # every attempt (retry.attempts 3)
+    answer = progress_client.post("/progress/batch", json={"items": [item("a", False, (5, 5, 5))]}).json()
+    (only,) = answer["results"]
+    assert not only["ok"] and only["status"] == 502 and only["error"]["code"] == "upstream_bad_response"
+    assert "result" not in only and answer["summary"]["failed"] == 1
+
+
+def test_a_bad_frame_fails_its_task_with_the_causes_status(progress_client):
+    broken = {**item("a", False, (5, 5, 5)), "frames_npy": "k05VTVBZAQB2AHsn"}  # a truncated .npy
+    answer = progress_client.post("/progress/batch", json={"items": [item("a", True, (1, 1, 1)), broken]}).json()
+    first, second = answer["results"]
+    assert second["status"] == 422 and second["error"]["code"] == "media_decode_error"
+    assert first["status"] == 422 and first["error"]["code"] == "progress_group_failed"
+    assert first["error"]["cause"] == "media_decode_error" and not first["error"]["retryable"]
+
+
+def _store_settings(fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch, **store):
+    monkeypatch.setenv("PROGRESS_TEST_KEY", "k")
+    return _settings(fake_qwen, fake_primo, fake_embed, media_root, api_key_env="PROGRESS_TEST_KEY",
+                     reference_store={"dir": str(tmp_path / "refs"), **store})
+
+
+def _authed(server) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=30, trust_env=False, headers={"authorization": "Bearer k"})
+
+
+def test_adding_demonstrations_needs_the_bearer_token(progress_client):
+    response = progress_client.post("/progress/references", json={"task_id": 1, "items": [item(None, None, (1, 2, 3))]})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"
+
+
 def test_the_reference_store_keeps_successes_and_demonstrations_across_restarts(
-        proxy_factory, fake_qwen, fake_primo, fake_embed, media_root, tmp_path):
-    store = {"dir": str(tmp_path / "refs"), "max_successes": 2, "max_demonstrations": 1}
-    settings = _settings(fake_qwen, fake_primo, fake_embed, media_root, reference_store=store)
+        proxy_factory, fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch):
+    settings = _store_settings(fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch,
+                               max_successes=2, max_demonstrations=1)
     first = proxy_factory(settings)
-    with httpx.Client(base_url=first.url, timeout=30, trust_env=False) as http:
+    with _authed(first) as http:
         _batch(http, [item(5, True, (10, 10, 10)), item(5, True, (12, 12, 12)), item(5, True, (200, 200, 200))])
         added = http.post("/progress/references", json={"task_id": "demo-task", "items": [item(None, None, (1, 2, 3))]})
         assert added.status_code == 200, added.text
         assert added.json()["demonstrations"] == 1 and added.json()["model"] == EMBED_MODEL
-        full = http.post("/progress/references", json={"task_id": "demo-task", "items": [item(None, None, (1, 2, 3))]})
+        again = http.post("/progress/references", json={"task_id": "demo-task", "items": [item(None, None, (1, 2, 3))]})
+        assert again.json()["added"] == 0 and again.json()["demonstrations"] == 1  # a repeat is not a second one
+        full = http.post("/progress/references", json={"task_id": "demo-task", "items": [item(None, None, (3, 2, 1))]})
         assert full.status_code == 409 and full.json()["error"]["code"] == "reference_store_full"
     first.stop()
+    (tmp_path / "refs" / "junk.npz").write_bytes(b"not a zip")  # ignored, as is a crash's leftover
     second = proxy_factory(settings)
-    with httpx.Client(base_url=second.url, timeout=30, trust_env=False) as http:
+    with _authed(second) as http:
         held = {t["task_id"]: t for t in http.get("/progress/references").json()["store"]["tasks"]}
         assert held["5"]["successes"] == 2 and held["demo-task"]["demonstrations"] == 1
         # No success in this batch: the stored ones (the newest two: 12 and 200) are the references.
@@ -204,3 +245,36 @@ def test_metrics_count_progress_outcomes(progress_client):
     assert 'vlm_proxy_progress_episodes_total{backend="embed",outcome="success"} 1.0' in text
     assert 'vlm_proxy_progress_episodes_total{backend="embed",outcome="no_reference"} 1.0' in text
     assert 'vlm_proxy_progress_count{backend="embed"} 1.0' in text
+
+
+def test_references_are_kept_apart_by_namespace_and_not_remembered_when_asked_not_to(
+        proxy_factory, fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch):
+    server = proxy_factory(_store_settings(fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch))
+    with _authed(server) as http:
+        _batch(http, [item(1, True, (10, 10, 10))], reference_namespace="run-1")
+        _batch(http, [item(2, True, (10, 10, 10))], remember_successes=False)
+        held = {(t["namespace"], t["task_id"]) for t in http.get("/progress/references").json()["store"]["tasks"]}
+        assert held == {("run-1", "1")}
+        other = _batch(http, [item(1, False, (9, 9, 9))], reference_namespace="run-2")
+        same = _batch(http, [item(1, False, (9, 9, 9))], reference_namespace="run-1")
+        assert other["results"][0]["result"]["outcome"] == "no_reference"
+        assert same["results"][0]["result"]["reference"]["stored"] == 1
+
+
+def test_stored_vectors_of_another_size_are_a_mismatch_not_a_distance(
+        proxy_factory, fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch):
+    server = proxy_factory(_store_settings(fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch))
+    with _authed(server) as http:
+        _batch(http, [item(1, True, (10, 10, 10))])
+        fake_embed.script({"embedding": [0.1, 0.2, 0.3, 0.4, 0.5]})  # the checkpoint changed under its name
+        (only,) = http.post("/progress/batch", json={"items": [item(1, False, (9, 9, 9))]}).json()["results"]
+        assert only["status"] == 409 and only["error"]["code"] == "reference_mismatch"
+
+
+def test_adding_demonstrations_without_a_store_is_refused(proxy_factory, fake_qwen, fake_primo, fake_embed,
+                                                          media_root, monkeypatch):
+    monkeypatch.setenv("PROGRESS_TEST_KEY", "k")
+    server = proxy_factory(_settings(fake_qwen, fake_primo, fake_embed, media_root, api_key_env="PROGRESS_TEST_KEY"))
+    with _authed(server) as http:
+        response = http.post("/progress/references", json={"task_id": 1, "items": [item(None, None, (1, 2, 3))]})
+        assert response.status_code == 422 and "reference_store" in response.json()["error"]["message"]
