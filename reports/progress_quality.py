@@ -30,6 +30,9 @@ NO_TASK = "(no task_id)"
 OTHER_TASKS = "(other tasks)"
 MAX_TASKS_PER_BACKEND = 200  # as for scored episodes: more task ids than this are pooled
 ERROR_ALERT = 0.01
+# Failures alone in their normalisation (the only failure of their task in the request) get 0.5
+# whatever their distance: above this share, the progress reward carries little information.
+ALONE_ALERT = 0.5
 
 
 @dataclass
@@ -39,6 +42,7 @@ class ProgressGroup:
     lines: int = 0
     successes: int = 0
     no_reference: int = 0  # failures without a reference: no progress, the native reward
+    alone: int = 0  # rated failures normalised over themselves only (progress 0.5 by construction)
     progress: array = field(default_factory=lambda: array("d"))  # each rated failure's progress
     errors: Counter = field(default_factory=Counter)  # code -> items that failed
     latency_ms: array = field(default_factory=lambda: array("d"))
@@ -47,6 +51,7 @@ class ProgressGroup:
         self.lines += other.lines
         self.successes += other.successes
         self.no_reference += other.no_reference
+        self.alone += other.alone
         self.progress.extend(other.progress)
         self.errors.update(other.errors)
         self.latency_ms.extend(other.latency_ms)
@@ -87,6 +92,8 @@ class ProgressLog:
             group.no_reference += 1
         else:
             group.progress.append(float(progress))
+            reference = record.get("reference") if isinstance(record.get("reference"), dict) else {}
+            group.alone += reference.get("failures") == 1
         timings = record.get("timings_ms")
         total = timings.get("total") if isinstance(timings, dict) else None
         if type(total) in (int, float) and math.isfinite(total):
@@ -131,6 +138,7 @@ def progress_numbers(group: ProgressGroup) -> dict[str, Any]:
     numbers: dict[str, Any] = {
         "lines": group.lines, "successes": group.successes, "failures": failures, "rated": len(values),
         "no_reference": group.no_reference, "no_reference_rate": group.no_reference / failures if failures else None,
+        "alone": group.alone, "alone_rate": group.alone / len(values) if len(values) else None,
         "progress_mean": float(values.mean()) if len(values) else None,
         "progress_std": float(values.std()) if len(values) else None,
         "errors": errors, "error_rate": errors / group.lines if group.lines else None,
@@ -156,6 +164,10 @@ def progress_alerts(measured: dict[str, dict[str, Any]], who: str = "") -> list[
         if n["error_rate"] is not None and n["error_rate"] >= ERROR_ALERT:
             lines.append(f"{who}{backend} (progress): {fmt(n['error_rate'], '%')} of items ({n['errors']} of "
                          f"{n['lines']}) failed: " + ", ".join(f"{c} ×{k}" for c, k in n["errors_by_code"].items()))
+        if n["alone_rate"] is not None and n["alone_rate"] > ALONE_ALERT:
+            lines.append(f"{who}{backend} (progress): {fmt(n['alone_rate'], '%')} of rated failures were the only "
+                         "failure of their task in their request, so SRPO's min-max normalisation gave them 0.5 "
+                         "whatever their distance: send more episodes per request")
         if n["failures"] and not n["rated"]:
             lines.append(f"{who}{backend} (progress): none of its {n['failures']} failures had a reference, so "
                          "every one was paid the native reward: is the proxy's reference_store on?")
@@ -167,6 +179,7 @@ def _row(n: dict[str, Any]) -> dict[str, str]:
         "items": fmt(n["lines"], "int"), "successes": fmt(n["successes"], "int"),
         "failures (rated / no reference)": f"{n['failures']:,} ({n['rated']:,} / {n['no_reference']:,})",
         "no reference": fmt(n["no_reference_rate"], "%"),
+        "alone (0.5 by construction)": fmt(n["alone_rate"], "%"),
         "progress mean ± std": "—" if n["progress_mean"] is None else
         f"{n['progress_mean']:.3f} ± {n['progress_std']:.3f}",
         "progress p10 / p25 / p50 / p75 / p90": " / ".join(fmt(n[f"progress_p{q}"], "3") for q in PROGRESS_QUANTILES),
@@ -175,7 +188,8 @@ def _row(n: dict[str, Any]) -> dict[str, str]:
     }
 
 
-KEYS = ("items", "successes", "failures (rated / no reference)", "no reference", "progress mean ± std",
+KEYS = ("items", "successes", "failures (rated / no reference)", "no reference", "alone (0.5 by construction)",
+        "progress mean ± std",
         "progress p10 / p25 / p50 / p75 / p90", "errors", "latency ms p50 / p99")
 
 

@@ -74,6 +74,7 @@ def test_the_failures_progress_per_task(tmp_path):
     assert task0.pop("errors_by_code") == {"progress_group_failed": 1}
     assert task0 == pytest.approx({
         "lines": 8, "successes": 2, "failures": 5, "rated": 4, "no_reference": 1, "no_reference_rate": 1 / 5,
+        "alone": 0, "alone_rate": 0.0,  # each normalised over the task's 4 failures
         "progress_mean": sum(TASK0) / 4, "progress_std": task0["progress_std"],
         "progress_p10": ordered[0] + 0.3 * (ordered[1] - ordered[0]), "progress_p25": ordered[0] + 0.75 * 0.2,
         "progress_p50": 0.4, "progress_p75": 0.5 + 0.25 * 0.4, "progress_p90": 0.5 + 0.7 * 0.4,
@@ -128,3 +129,18 @@ def test_no_reference_for_every_failure_is_an_alert(tmp_path):
     result = build_report(audit, out=tmp_path / "out")
     assert result["alerts"] == ["embed (progress): none of its 1 failures had a reference, so every one was paid "
                                 "the native reward: is the proxy's reference_store on?"]
+
+
+def test_failures_alone_in_their_normalisation_are_counted_and_alerted(tmp_path):
+    alone = [{**progress_line("progress", 0.5, False), "reference": {"batch_successes": 0, "stored": 2, "centres": 1,
+                                                                    "failures": 1}} for _ in range(3)]
+    shared = [progress_line("progress", p, False) for p in (0.2, 0.8)]
+    from reports.progress_quality import measure_progress, progress_alerts
+
+    log = read_audit_log(write_log(tmp_path / "alone.jsonl", [*alone, *shared]))
+    measured = measure_progress(log.progress)
+    numbers = measured["embed"]["all"]
+    assert (numbers["rated"], numbers["alone"], numbers["alone_rate"]) == (5, 3, pytest.approx(0.6))
+    assert any("only failure of their task" in line for line in progress_alerts(measured))
+    quiet = measure_progress(read_audit_log(write_log(tmp_path / "shared.jsonl", [*alone[:1], *shared])).progress)
+    assert not any("only failure" in line for line in progress_alerts(quiet))
