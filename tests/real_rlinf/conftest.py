@@ -14,7 +14,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     timings = SUMMARY.get("timings", {})
     write("real_rlinf: " + json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
                                        for k, v in timings.items() if not isinstance(v, dict)}))
-    for key in ("resets_s", "step_mean_s", "real_vllm"):
+    for key in ("resets_s", "step_mean_s", "scenario_s", "real_vllm"):
         if timings.get(key):
             write(f"real_rlinf {key}: " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
                                                       for k, v in timings[key].items()}))

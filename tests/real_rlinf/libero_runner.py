@@ -490,6 +490,7 @@ def check_init(module: Any, args: argparse.Namespace, variants: dict[str, Any], 
                     entry["failure_policy"] = hook.config.failure_policy
                     entry["reward_coef"] = hook.reward_coef
                     entry["use_rel_reward"] = hook.use_rel_reward
+                    entry["reward_source"] = getattr(hook.config, "reward_source", None)
                     hook.close()
             except Exception as err:  # noqa: BLE001 (reported, not raised)
                 entry["error"] = _describe_error(err, None)
@@ -543,7 +544,11 @@ def run_episode(env: Any, cfg: Any, scenario: dict[str, Any], index: int, action
         out["hook_config"] = {"failure_policy": hook.config.failure_policy, "reward_coef": hook.reward_coef,
                               "use_rel_reward": hook.use_rel_reward, "binary_reward": hook.config.binary_reward,
                               "success_threshold": hook.config.success_threshold,
-                              "transport": hook.config.transport, "endpoint": hook.config.endpoint}
+                              "transport": hook.config.transport, "endpoint": hook.config.endpoint,
+                              "reward_source": getattr(hook.config, "reward_source", None),
+                              "progress_coef": getattr(hook.config, "progress_coef", None),
+                              "on_no_reference": getattr(hook.config, "on_no_reference", None),
+                              "backend": getattr(hook.config, "backend", None)}
 
     rec = Recorder(bool(scenario.get("keep_frames")))
     state["recorder"] = rec
@@ -596,6 +601,7 @@ def run_episode(env: Any, cfg: Any, scenario: dict[str, Any], index: int, action
     if hook is not None:
         stats = getattr(hook.client, "stats", None)
         out["hook"] = {"episodes_scored": hook.episodes_scored, "failures": hook.failures,
+                       "no_reference": getattr(hook, "no_reference", None),
                        "client_stats": _jsonable(vars(stats)) if hasattr(stats, "__dict__") else None}
     out["types"] = {**out.get("types", {}), **rec.types}
     out["injected_success"] = {str(k): v for k, v in state["inject"].items()}

@@ -12,6 +12,10 @@ Random actions never solve a LIBERO-10 task in 16 steps, so some scenarios set t
 simulator's success flag from a given step on (the runner's `inject_success`: the `done` that
 LiberoEnv.step receives from its vector env), to get termination-ended episodes, a True
 `env_success` in the metadata and a visible `fallback: env_success`.
+
+Run D (`reward_source: progress`, the shipped overlay) has two short episodes behind the proxy's
+POST /progress/batch, an embedding backend (configs/srpo.yaml's) on a fake vLLM whose
+/v1/embeddings answers the frames' mean colour, and the proxy's reference store on.
 """
 
 from __future__ import annotations
@@ -58,7 +62,10 @@ UNPARSEABLE = "I cannot tell from this video."
 SHIPPED_PROXY = REPO / "configs" / "libero.yaml"
 OVERLAY_A = REPO / "configs" / "rlinf" / "libero_10_grpo_openvlaoft_runA.yaml"
 OVERLAY_B = REPO / "configs" / "rlinf" / "libero_10_grpo_openvlaoft_runB_qwen.yaml"
+OVERLAY_D = REPO / "configs" / "rlinf" / "libero_10_grpo_openvlaoft_runD_srpo.yaml"
+SHIPPED_SRPO = REPO / "configs" / "srpo.yaml"
 QWEN = "qwen2_5_vl_vllm"
+EMBED = "embed"  # configs/srpo.yaml's embedding backend
 STEPS = 16
 RUN_TIMEOUT_S = 1500
 
@@ -75,6 +82,14 @@ PLAN: list[dict[str, Any]] = [
     {"name": "zero_unparseable", "replies": (UNPARSEABLE, "90"), "reward_coef": 3.0, "use_rel_reward": True,
      "block": {"binary_reward": False, "fail_on_request_error": False, "fallback": "zero"},
      "inject_success": {"0": 4}},
+    # Run D (`progress`: run D's overlay block, an embedding backend, the reference store on), 8
+    # steps each. Env 0's task 4 never succeeds; env 1's task 8 does (injected) at step 6 in the
+    # first episode, alone in that step's request, and the store keeps it; in the second both envs
+    # fail on step 8, in one request, and env 1's failure is measured against that stored success.
+    # (A scenario keeps the env config's values of the one before unless it sets them: run D's.)
+    {"name": "progress_first", "progress": True, "reward_coef": 5.0, "use_rel_reward": True, "steps": 8,
+     "inject_success": {"1": 6}},
+    {"name": "progress_stored", "progress": True, "reward_coef": 5.0, "use_rel_reward": True, "steps": 8},
     {"name": "env_success_down", "down": True, "reward_coef": 4.0, "use_rel_reward": False,
      "block": {"fail_on_request_error": False, "fallback": "env_success"}, "inject_success": {"1": 5}},
     {"name": "raise_down", "down": True, "steps": 8, "block": {}},
@@ -93,6 +108,8 @@ class Tier:
     episodes: dict[str, dict[str, Any]]
     frames: dict[str, np.ndarray]
     chats: dict[str, list[dict]]  # the fake vLLM's chat requests, per scenario
+    embeddings: dict[str, list[dict]]  # the embedding fakes' /v1/embeddings requests, per scenario
+    references: dict[str, Any]  # the proxy's GET /progress/references after the run
     audit: dict[str, list[dict]]  # the proxy's audit lines, per scenario (= backend)
     plan: dict[str, dict[str, Any]]
     media_root: Path
@@ -119,22 +136,31 @@ def _yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
-def _proxy_settings(backends: dict[str, str], media_root: Path, audit: Path, *, real: bool = False) -> Any:
+def _proxy_settings(backends: dict[str, str], media_root: Path, audit: Path, *, real: bool = False,
+                    embedders: dict[str, str] | None = None, references: Path | None = None) -> Any:
     """configs/libero.yaml's proxy and Qwen backend (prompt, sampling, frames as shipped), one
-    backend per scenario pointed at that scenario's server, fast retries for the fakes."""
+    backend per scenario pointed at that scenario's server, fast retries for the fakes; for run D,
+    configs/srpo.yaml's embedding backend (one per scenario, no `launch`) and reference store
+    (in `references`)."""
     shipped = _yaml(SHIPPED_PROXY)
     qwen = shipped["backends"][QWEN]
     retry = (qwen["retry"] if real else
              {"attempts": 2, "parse_attempts": 2, "backoff_s": [0.01, 0.05], "timeout_s": 30, "deadline_s": 60})
-    return settings_from_dict({
-        "proxy": {**shipped["proxy"], "allowed_media_roots": [str(media_root)], "prompts_dir": str(REPO / "prompts"),
-                  "audit_log": str(audit), "health_interval_s": 1.0 if real else 5.0},
-        "backends": {name: {**qwen, "endpoints": [url], "retry": retry} for name, url in backends.items()},
-    })
+    proxy = {**shipped["proxy"], "allowed_media_roots": [str(media_root)], "prompts_dir": str(REPO / "prompts"),
+             "audit_log": str(audit), "health_interval_s": 1.0 if real else 5.0}
+    chosen = {name: {**qwen, "endpoints": [url], "retry": retry} for name, url in backends.items()}
+    if embedders:
+        srpo = _yaml(SHIPPED_SRPO)
+        embed = {k: v for k, v in srpo["backends"][EMBED].items() if k != "launch"}
+        assert embed["kind"] == "embedding"
+        chosen.update({name: {**embed, "endpoints": [url], "retry": retry} for name, url in embedders.items()})
+        proxy["reference_store"] = {**srpo["proxy"]["reference_store"], "dir": str(references)}
+    return settings_from_dict({"proxy": proxy, "backends": chosen})
 
 
 def _client_block(scenario: dict[str, Any], endpoint: str, media_root: Path) -> dict[str, Any]:
-    block = dict(_yaml(OVERLAY_B)["env"]["train"]["reward_model"])  # run B as shipped
+    overlay = OVERLAY_D if scenario.get("progress") else OVERLAY_B
+    block = dict(_yaml(overlay)["env"]["train"]["reward_model"])  # run B (or D) as shipped
     block.update({"endpoint": endpoint, "backend": scenario["name"], "timeout": 60, "max_retries": 1,
                   "temp_video_dir": str(media_root)})
     block.update(scenario.get("block", {}))
@@ -189,6 +215,9 @@ def tier(tmp_path_factory) -> Tier:
     log = work / "runner.log"
     tiny: TinyVLLM | None = None
     fakes: dict[str, FakeVLLMThread] = {}
+    embedders: dict[str, FakeVLLMThread] = {}  # run D: served as configs/srpo.yaml's embedding model
+    embed_model = _yaml(SHIPPED_SRPO)["backends"][EMBED]["model"]
+    references: dict[str, Any] = {}
     proxies: list[ProxyServerThread] = []
     real_vllm: dict[str, Any] = {}
     try:
@@ -201,8 +230,12 @@ def tier(tmp_path_factory) -> Tier:
                 fake = FakeVLLMThread(FakeConfig(served_model_name=model, default_text="(no reply scripted)")).start()
                 fake.fake.state.reply_fn = _reply_fn(scenario["replies"])
                 fakes[scenario["name"]] = fake
+            elif scenario.get("progress"):
+                embedders[scenario["name"]] = FakeVLLMThread(FakeConfig(served_model_name=embed_model)).start()
         audit, audit_real = work / "audit.jsonl", work / "audit-real.jsonl"
-        proxy = ProxyServerThread(_proxy_settings({n: f.base_url for n, f in fakes.items()}, media_root, audit)).start()
+        proxy = ProxyServerThread(_proxy_settings(
+            {n: f.base_url for n, f in fakes.items()}, media_root, audit,
+            embedders={n: f.base_url for n, f in embedders.items()}, references=work / "references")).start()
         proxies.append(proxy)
         proxy_real = None
         if tiny is not None:
@@ -230,11 +263,14 @@ def tier(tmp_path_factory) -> Tier:
                       "run_a": _yaml(OVERLAY_A)["env"]["train"]["reward_model"],
                       "run_b": _yaml(OVERLAY_B)["env"]["train"]["reward_model"],
                       "run_b_zero": {**_yaml(OVERLAY_B)["env"]["train"]["reward_model"],
-                                     "fail_on_request_error": False, "fallback": "zero"}}
+                                     "fail_on_request_error": False, "fallback": "zero"},
+                      "run_d": _yaml(OVERLAY_D)["env"]["train"]["reward_model"]}
         proc = _run(python, ["--patched", "--unpatched-first", "--scenarios", str(plan_file), "--out", str(out),
                              "--check-init", json.dumps(check_init)], log)
         result = _finish(proc, out, log, "the", time.monotonic() + RUN_TIMEOUT_S)
         runner_s = time.perf_counter() - started
+        status, references = http_json(f"{proxy.url}/progress/references")
+        assert status == 200, references
 
         if tiny is not None:
             real_vllm = {"error": tiny.error, "timings": dict(tiny.timings), "log_tail": tiny.log_tail()}
@@ -251,8 +287,9 @@ def tier(tmp_path_factory) -> Tier:
     finally:
         for server in proxies:
             server.stop()
-        chats = {name: list(fake.chat_requests) for name, fake in fakes.items()}
-        for fake in fakes.values():
+        chats = {name: list(fake.chat_requests) for name, fake in (fakes | embedders).items()}
+        embeddings = {name: list(fake.embedding_requests) for name, fake in (fakes | embedders).items()}
+        for fake in (fakes | embedders).values():
             fake.stop()
         if tiny is not None:
             tiny.stop()
@@ -262,13 +299,15 @@ def tier(tmp_path_factory) -> Tier:
         "tier_fixture_s": time.perf_counter() - started, "runner_done_s": runner_s, "runner": result["timings"],
         "resets_s": {name: ep["timings"].get("reset_s") for name, ep in episodes.items()},
         "step_mean_s": {name: ep["timings"].get("step_mean_s") for name, ep in episodes.items()},
+        "scenario_s": {name: ep["timings"].get("total_s") for name, ep in episodes.items()},
         "real_vllm": real_vllm.get("timings")}
     SUMMARY["versions"] = result.get("versions")
     audit_lines: dict[str, list[dict]] = {}
     for line in _audit_lines(audit) + _audit_lines(audit_real):
         audit_lines.setdefault(line["backend"], []).append(line)
-    return Tier(result=result, episodes=episodes, frames=result["_frames"], chats=chats,
-                audit=audit_lines, plan={s["name"]: s for s in plan}, media_root=media_root, real_vllm=real_vllm)
+    return Tier(result=result, episodes=episodes, frames=result["_frames"], chats=chats, embeddings=embeddings,
+                references=references, audit=audit_lines, plan={s["name"]: s for s in plan}, media_root=media_root,
+                real_vllm=real_vllm)
 
 
 # -- helpers over the recorded episodes -----------------------------------------------------------
@@ -321,6 +360,9 @@ def test_the_patched_init_reads_the_reward_model_block(tier):
     assert report["run_b"]["failure_policy"] == "raise"  # the shipped run B stops on a failed episode
     assert report["run_b_zero"]["failure_policy"] == "zero"
     assert report["run_b"]["reward_coef"] == 5.0 and report["run_b"]["use_rel_reward"] is True
+    assert report["run_b"]["reward_source"] == "score"
+    assert report["run_d"]["vlm_reward"] == "LiberoVLMReward" and report["run_d"]["reward_source"] == "progress"
+    assert report["run_d"]["failure_policy"] == "raise"  # the shipped run D stops on a failed episode too
 
 
 # -- reward_model off: nothing changes ------------------------------------------------------------
@@ -500,6 +542,154 @@ def test_the_env_success_flag_travels_as_metadata_into_the_audit_log(tier):
         (0, True, "unparseable_score")]
 
 
+# -- run D: SRPO progress from the proxy's embeddings ---------------------------------------------
+RUN_D = ("progress_first", "progress_stored")
+# per env (0: task 4, never a success; 1: task 8), what the proxy must have answered
+RUN_D_OUTCOMES = {"progress_first": ("no_reference", "success"), "progress_stored": ("no_reference", "progress")}
+
+
+def _progress_lines(tier: Tier, name: str) -> dict[int, dict]:
+    """The proxy's audit lines of a run D scenario (its backend), one per env."""
+    lines = tier.audit[name]
+    assert [line["kind"] for line in lines] == ["progress"] * len(lines), lines
+    by_env = {line["metadata"]["env"]: line for line in lines}
+    assert sorted(by_env) == [0, 1] and len(lines) == 2, lines
+    return by_env
+
+
+def _embedded_vector(tier: Tier, name: str, env: int) -> np.ndarray:
+    """What the fake embedded for `env`'s episode: the mean colour / 255 (and a 1) of the JPEGs of
+    the /v1/embeddings request whose frames the audit line names, recomputed here."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    want = _progress_lines(tier, name)[env]["frames"]["sha256"]
+    for body in tier.embeddings[name]:
+        [video] = [part for m in body["messages"] if isinstance(m.get("content"), list) for part in m["content"]
+                   if part.get("type") == "video_url"]
+        jpegs = decode_video_part(video["video_url"]["url"], num_frames=-1)
+        if [hashlib.sha256(j).hexdigest() for j in jpegs] == want:
+            means = [np.asarray(Image.open(BytesIO(j)).convert("RGB"), np.float64).reshape(-1, 3).mean(0)
+                     for j in jpegs]
+            return np.array([*(np.mean(means, axis=0) / 255.0), 1.0])
+    raise AssertionError(f"no /v1/embeddings request of {name} carried env {env}'s frames")
+
+
+@pytest.mark.parametrize("name", RUN_D)
+def test_run_d_pays_a_success_as_run_a_and_a_failure_its_progress_times_progress_coef(tier, name):
+    """The real env's rewards are RLinf's rule on what the hook maps the proxy's answer to: success
+    1, a failure progress x progress_coef (the progress read from the proxy's audit line), a
+    failure without a reference the native 0; logged as vlm_score / vlm_no_reference."""
+    ep = _ok(tier.episodes[name])
+    config = ep["hook_config"]
+    assert config["reward_source"] == "progress" and config["binary_reward"] is False
+    assert config["backend"] == name and config["on_no_reference"] == "native"
+    assert config["failure_policy"] == "raise"  # run D as shipped: any failed item would stop the episode
+    coef, rel, progress_coef = config["reward_coef"], config["use_rel_reward"], config["progress_coef"]
+    assert (coef, rel, progress_coef) == (5.0, True, 0.6)
+    lines = _progress_lines(tier, name)
+    steps = len(ep["rewards"])
+    assert steps == ep["spec"]["steps"] == 8
+    for env, outcome in enumerate(RUN_D_OUTCOMES[name]):
+        line, end = lines[env], _end_step(ep, env)
+        assert line["outcome"] == outcome, line
+        progress = line["progress"]
+        paid = {"success": 1.0, "progress": None, "no_reference": 0.0}[outcome]
+        if outcome == "progress":
+            assert 0.0 <= progress <= 1.0
+            paid = progress * progress_coef
+        else:
+            assert progress == (1.0 if outcome == "success" else None)
+        got = _column(ep["rewards"], env)
+        assert got == pytest.approx(rule_rewards(steps, end, paid, reward_coef=coef, use_rel_reward=rel),
+                                    abs=1e-6), (env, end, line)
+        assert got[end - 1] == pytest.approx(coef * paid, abs=1e-6)
+        shown = 0.0 if progress is None else progress
+        for t, info in enumerate(ep["episode"], start=1):  # 0 until the end step, then the answer's
+            assert info["vlm_score"][env] == pytest.approx(shown if t >= end else 0.0, abs=1e-6), (t, info)
+            assert info["vlm_no_reference"][env] == (float(outcome == "no_reference") if t >= end else 0.0)
+            assert info["vlm_fallback"][env] == 0.0
+        assert ep["episode"][-1]["success_once"][env] == any(_column(ep["terminations"], env))
+    assert ep["hook"]["episodes_scored"] == 2 and ep["hook"]["failures"] == 0
+    assert ep["hook"]["no_reference"] == 1  # env 0: task 4 never had a success
+
+
+def test_run_d_pays_a_success_exactly_what_rlinf_native_code_paid(tier):
+    """Env 1 succeeds (injected) at step 6 here and in the reward-model-off episode: the same
+    rewards; env 0's failure without a reference gets the native 0, as there."""
+    native, ep = tier.episodes["unpatched_off"], _ok(tier.episodes["progress_first"])
+    steps = len(ep["rewards"])
+    for env in (0, 1):
+        assert _column(ep["rewards"], env) == _column(native["rewards"], env)[:steps]
+    assert _column(ep["rewards"], 1) == [0.0] * 5 + [5.0, 0.0, 0.0]
+
+
+def test_run_d_adds_vlm_no_reference_to_the_episode_info_and_score_runs_do_not(tier):
+    """The hook documents env/vlm_no_reference for reward_source: progress only: it is in every
+    step's infos["episode"] of run D (as RLinf's to_tensor made vlm_score), in no score run's."""
+    for name in RUN_D:
+        ep = _ok(tier.episodes[name])
+        for info in ep["episode"]:
+            assert {"vlm_score", "vlm_fallback", "vlm_no_reference"} <= set(info), (name, sorted(info))
+        types = ep["types"]["infos_episode"]
+        assert types["vlm_no_reference"] == types["vlm_score"], types
+    for name in ("binary_rel_inline", "continuous_nonrel_path", "zero_unparseable", "env_success_down"):
+        for info in _ok(tier.episodes[name])["episode"]:
+            assert "vlm_score" in info and "vlm_no_reference" not in info, (name, sorted(info))
+
+
+def test_run_d_sends_the_real_env_task_ids_and_success_flags(tier):
+    for name in RUN_D:
+        ep = _ok(tier.episodes[name])
+        assert ep["task_ids"] == list(TASK_IDS)  # LiberoEnv.task_ids
+        for env, line in _progress_lines(tier, name).items():
+            meta, end = line["metadata"], _end_step(ep, env)
+            assert meta["task_id"] == ep["task_ids"][env], (name, env, meta)
+            assert meta["env_success"] is bool(ep["terminations"][end - 1][env]), (name, env)
+            assert meta["step"] == end and meta["run"] == "runD_srpo"
+            assert str(meta["episode_id"]).startswith(f"env{env}-ep")
+            assert line["task_text"] == TASKS[env]
+            assert line["frames"]["count"] == min(16, end + 1)
+    ends = {name: [_end_step(tier.episodes[name], env) for env in (0, 1)] for name in RUN_D}
+    assert ends == {"progress_first": [8, 6], "progress_stored": [8, 8]}
+
+
+def test_run_d_embeds_the_episodes_through_v1_embeddings_not_chat(tier):
+    model = _yaml(SHIPPED_SRPO)["backends"][EMBED]["model"]
+    for name in RUN_D:
+        assert tier.chats[name] == [], name
+        bodies = tier.embeddings[name]
+        assert len(bodies) == 2, name  # one per episode
+        assert {body["model"] for body in bodies} == {model}
+        for env in (0, 1):
+            _embedded_vector(tier, name, env)  # each env's frames went to /v1/embeddings
+    for name in ("binary_rel_inline", "continuous_nonrel_path", "zero_unparseable"):
+        assert tier.embeddings[name] == [], name  # and /score never embeds
+
+
+def test_run_d_a_success_reaches_the_reference_store_and_rates_a_later_failure(tier):
+    """progress_first's success of task 8 (its own request) is kept by the proxy; progress_stored's
+    failure of task 8 is measured against it: its distance is to that success's embedding."""
+    store = tier.references["store"]
+    assert store is not None
+    tasks = {entry["task_id"]: entry for entry in store["tasks"]}
+    assert sorted(tasks) == [str(TASK_IDS[1])], store  # task 4 never succeeded: nothing kept for it
+    kept = tasks[str(TASK_IDS[1])]
+    assert (kept["successes"], kept["demonstrations"]) == (1, 0)
+    assert kept["model"] == _yaml(SHIPPED_SRPO)["backends"][EMBED]["model"]
+    first = _progress_lines(tier, "progress_first")
+    assert first[1]["outcome"] == "success" and first[0]["outcome"] == "no_reference"
+    line = _progress_lines(tier, "progress_stored")[1]
+    reference = line["reference"]
+    assert (reference["batch_successes"], reference["stored"], reference["failures"]) == (0, 1, 1), reference
+    # the task's single failure of the request: normalised distance 0.5, progress sigmoid(0) (docs/progress.md)
+    assert line["normalised_distance"] == 0.5 and line["progress"] == 0.5
+    success, failure = _embedded_vector(tier, "progress_first", 1), _embedded_vector(tier, "progress_stored", 1)
+    assert line["distance"] == pytest.approx(float(np.linalg.norm(failure - success)), rel=1e-6, abs=1e-12)
+    assert line["distance"] > 0  # a failure that ran to step 8 looks different from the success at step 6
+
+
 # -- a real vllm serve ----------------------------------------------------------------------------
 def test_a_real_tiny_vllm_behind_the_proxy(tier):
     if "real_vllm" not in tier.episodes:
@@ -530,7 +720,8 @@ def test_a_real_tiny_vllm_behind_the_proxy(tier):
 def test_reward_table(tier):
     """Not a check: collects score -> reward per mapping for the summary at the end of the run."""
     rows = []
-    for name in ("binary_rel_inline", "continuous_nonrel_path", "zero_unparseable", "env_success_down", "real_vllm"):
+    for name in ("binary_rel_inline", "continuous_nonrel_path", "zero_unparseable", "env_success_down", "real_vllm",
+                 "progress_first", "progress_stored"):
         ep = tier.episodes.get(name)
         if not ep or ep.get("skipped") or ep.get("error"):
             continue
