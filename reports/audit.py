@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.audit_lines import audit_records
+from reports.by_task import ByTask
 from reports.progress_quality import ProgressLog
 
 __all__ = ["PARSE_FAILURE", "NO_TASK", "AuditSummary", "Group", "Worst", "read_audit_log"]
@@ -98,7 +99,7 @@ class Episodes:
 
 
 @dataclass
-class AuditSummary:
+class AuditSummary(ByTask["Group"]):
     path: Path
     worst_k: int
     lines: int = 0  # non-blank lines read
@@ -121,17 +122,8 @@ class AuditSummary:
     def records(self) -> int:
         return self.lines - self.malformed - sum(self.other_kinds.values())
 
-    def backends(self) -> list[str]:
-        return sorted({backend for backend, _ in self.groups})
-
-    def tasks(self, backend: str) -> list[str]:
-        return sorted((task for b, task in self.groups if b == backend), key=_task_order)
-
-    def backend_group(self, backend: str) -> Group:
-        merged = Group()
-        for task in self.tasks(backend):
-            merged.absorb(self.groups[(backend, task)])
-        return merged
+    def new_group(self) -> Group:
+        return Group()
 
     def worst(self, backend: str) -> list[Worst]:
         """The worst_k biggest |score - env_success|, biggest first (earlier lines first on ties)."""
@@ -267,11 +259,6 @@ def read_audit_log(path: str | Path, *, worst_k: int = 8) -> AuditSummary:
         raise ValueError(f"{path}: none of its {summary.lines} lines is an audit record "
                          f"(first: line {summary.malformed_examples[0][0]}, {summary.malformed_examples[0][1]})")
     return summary
-
-
-def _task_order(task: str) -> tuple[bool, int, str]:
-    numeric = task.lstrip("-").isdigit()
-    return (not numeric, int(task) if numeric else 0, task)
 
 
 def _number(value: Any) -> float | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from reports.by_task import ByTask
 from reports.plotting import fmt, table
 from vlm_protocol.progress import OUTCOMES
 
@@ -58,20 +59,11 @@ class ProgressGroup:
 
 
 @dataclass
-class ProgressLog:
+class ProgressLog(ByTask[ProgressGroup]):
     groups: dict[tuple[str, str], ProgressGroup] = field(default_factory=dict)
 
-    def backends(self) -> list[str]:
-        return sorted({backend for backend, _ in self.groups})
-
-    def tasks(self, backend: str) -> list[str]:
-        return sorted((task for b, task in self.groups if b == backend), key=_task_order)
-
-    def backend_group(self, backend: str) -> ProgressGroup:
-        merged = ProgressGroup()
-        for task in self.tasks(backend):
-            merged.absorb(self.groups[(backend, task)])
-        return merged
+    def new_group(self) -> ProgressGroup:
+        return ProgressGroup()
 
     def add(self, record: dict[str, Any]) -> str | None:
         """Fold one `kind: progress` line in; returns why it is malformed, or None."""
@@ -115,11 +107,6 @@ def _invalid(outcome: Any, progress: Any) -> str | None:
     if type(progress) not in (int, float) or not math.isfinite(progress) or not 0.0 <= progress <= 1.0:
         return f"outcome {outcome} without a progress in [0, 1]"
     return None
-
-
-def _task_order(task: str) -> tuple[bool, int, str]:
-    numeric = task.lstrip("-").isdigit()
-    return (not numeric, int(task) if numeric else 0, task)
 
 
 def _percentiles(values: Any, quantiles: tuple[int, ...]) -> dict[int, float | None]:
