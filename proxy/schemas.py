@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.errors import InvalidRequest
 
@@ -33,6 +33,15 @@ class EpisodeMetadata(BaseModel):
     # its prefix cache is shared (routing.policy affinity). Default: the first frame's hash, where
     # the layout starts with the first frame.
     group_id: int | ShortString | None = None
+
+    @field_validator("task_id", "episode_id", "group_id", mode="before")
+    @classmethod
+    def _short_as_sent(cls, value: Any) -> Any:
+        """The length limit holds for the string as sent: lax mode would otherwise read a
+        300-digit string as an int, past the documented maxLength."""
+        if isinstance(value, str) and len(value) > MAX_METADATA_STRING:
+            raise ValueError(f"must be at most {MAX_METADATA_STRING} characters")
+        return value
 
     @model_validator(mode="after")
     def _small_and_flat(self) -> EpisodeMetadata:

@@ -132,6 +132,7 @@ def test_an_item_without_task_or_success_fails_the_request_before_anything_is_se
     ({"items": [{**item(1, True, (1, 1, 1)), "backend_kwargs": {"temperature": 0.5}}]}, "items[0].backend_kwargs"),
     ({"items": [{**item(1, True, (1, 1, 1)), "nframes": 100000}]}, "items[0].nframes"),
     ({"items": []}, "items"),
+    ({"items": [item("1" * 300, True, (1, 1, 1))]}, "items.0.metadata.task_id"),  # not read as an int
     ({"items": [{**item(1, True, (1, 1, 1)), "backend": "qwen2_5_vl_vllm"}]}, "items[0].backend"),
     ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)), "max_pixels": 28 * 28 * 64}]}, "items[1]"),
     ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)), "video_fps": 8}]}, "items[1]"),
