@@ -46,7 +46,7 @@ def run(runs: int) -> list[dict]:
             frames = episode_frames(count, side, side)
             mp4 = write_mp4(Path(tmp) / f"ep{count}.mp4", frames, fps=20)
             sources = {
-                "mp4 (video_path)": {"video_path": mp4},
+                "mp4 (video_path)": {"video_path": mp4, "media_roots": [Path(tmp)]},
                 "inline npy (frames_npy)": {"frames_npy": npy_b64(frames), "fps": 20.0},
                 "inline PNG list (frames)": {"frames": images_b64(frames, ".png"), "fps": 20.0},
                 "inline JPEG list (frames)": {"frames": images_b64(frames, ".jpg"), "fps": 20.0},

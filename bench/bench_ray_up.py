@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ROOT, env_info, free_port, write_json  # noqa: E402
 
-KEYS = {"QWEN_KEY": "q", "PRIMO_KEY": "p", "PROXY_KEY": "x"}
+KEYS = {"QWEN_KEY": "q", "PRIMO_KEY": "p", "PROXY_KEY": "x", "PROXY_ADMIN_KEY": "a"}
 
 
 def config(tmp: Path) -> tuple[dict, int]:
@@ -41,6 +41,7 @@ def config(tmp: Path) -> tuple[dict, int]:
 
     proxy_port = free_port()
     return {"proxy": {"host": "127.0.0.1", "port": proxy_port, "api_key_env": "PROXY_KEY",
+                      "admin_api_key_env": "PROXY_ADMIN_KEY",
                       "prompts_dir": str(ROOT / "prompts"), "allowed_media_roots": [str(tmp)]},
             "backends": {"qwen2_5_vl_vllm": backend("Qwen2.5-VL-7B-Instruct", "qwen_video", "qwen_progress",
                                                     "QWEN_KEY", 1, [free_port(), free_port()]),

@@ -25,12 +25,16 @@ Say = Callable[[str], None]
 
 def ray_plan_errors(plan: Plan, settings: Settings, env: Mapping[str, str], *, with_proxy: bool) -> list[str]:
     """Servers placed by Ray listen on their node's address, and the proxy learns about restarts
-    through its admin route: both need keys."""
+    through its admin route: both need keys (the admin route only takes the admin key)."""
     errors = [f"backend {name}: servers placed by Ray listen beyond loopback: set backends.{name}.api_key_env"
               for name in dict.fromkeys(c.backend for c in plan.commands) if not settings.backends[name].api_key_env]
-    if with_proxy and not (settings.proxy.api_key_env and env.get(settings.proxy.api_key_env)):
-        errors.append("up --ray tells the proxy about replicas through its admin route, which needs a "
-                      "bearer token: set proxy.api_key_env to a variable holding one")
+    admin_env = settings.proxy.admin_api_key_env
+    if with_proxy and not (admin_env and env.get(admin_env)):
+        errors.append("up --ray tells the proxy about replicas through its admin route, which needs the "
+                      "admin key: set proxy.admin_api_key_env to a variable holding one (not the scoring key)")
+    elif with_proxy and settings.proxy.api_key_env and env.get(admin_env) == env.get(settings.proxy.api_key_env):
+        errors.append(f"proxy.admin_api_key_env ({admin_env}) holds the same key as proxy.api_key_env: every "
+                      "scoring client would be an admin; give the admin its own key")
     return errors
 
 
@@ -99,7 +103,7 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
             argv = [*proxy_argv, "--endpoints", str(endpoints_file)]
             say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
             stack.wait_ready([stack.start("proxy", argv, {}, proxy_url, None)], min(args.timeout, 120.0))
-            proxy.append(ProxyEndpoints(proxy_url, settings.proxy_api_key(), say))
+            proxy.append(ProxyEndpoints(proxy_url, settings.proxy_admin_key(), say))  # the admin route's key
         say(f"stack is up: {', '.join(r.name for r in replicas.replicas)} placed by Ray"
             + ("" if args.no_proxy else f"; proxy at {proxy_url}")
             + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")

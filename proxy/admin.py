@@ -8,8 +8,10 @@ drains (proxy/pool.py): the endpoint takes no new call, the calls in flight on i
 and it leaves the pool when the last one does. Changes live in memory: a restart serves the
 config's endpoints again.
 
-These routes change what the proxy serves, so they always need the bearer token: without
-`proxy.api_key_env` they answer 403 `admin_disabled`; with it the Edge checks the token (401).
+These routes change what the proxy trusts (the prober sends the backend's vLLM key to every
+endpoint in its pool), so they take only the admin key (proxy/admin_access.py): 403
+`admin_disabled` without proxy.admin_api_key_env, 403 `admin_key_required` for the scoring key,
+401 for none; an added host outside proxy.admin_endpoint_hosts is 403 `endpoint_host_forbidden`.
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
+from proxy.admin_access import ADMIN_403, AdminOnly
 from proxy.backends import Backend, BackendRegistry
 from proxy.config import ENDPOINT_URL_PATTERN, endpoint_url
-from proxy.errors import AdminDisabled, InvalidRequest
+from proxy.endpoint_hosts import check_endpoint_host
+from proxy.errors import InvalidRequest
 from proxy.health import Prober
 from proxy.http_errors import error_answers
+from proxy.json_body import JSONBodyRoute
 from proxy.observe import Metrics
 
-__all__ = ["ChangeAnswer", "EndpointChange", "EndpointsAnswer", "admin_enabled", "router"]
+__all__ = ["ChangeAnswer", "EndpointChange", "EndpointsAnswer", "router"]
 
 log = logging.getLogger("vlm_reward_proxy")
 
@@ -37,20 +42,15 @@ EndpointUrl = Annotated[str, StringConstraints(max_length=MAX_URL_CHARS), AfterV
      "description": "an OpenAI base URL, as in backends.<name>.endpoints (e.g. http://10.0.0.7:8001/v1)"})]
 
 
-async def admin_enabled(request: Request) -> None:
-    """A dependency of every route that changes what the proxy serves or remembers."""
-    if request.app.state.settings.proxy.api_key_env is None:
-        raise AdminDisabled("admin routes need proxy.api_key_env: they change what the proxy serves, so they "
-                            "never answer without a bearer token")
-
-
-_ADMIN_MEANINGS = {403: "admin_disabled: admin routes need proxy.api_key_env",
+_ADMIN_MEANINGS = {401: "missing or wrong bearer token (these routes take the admin key)",
+                   403: ADMIN_403 + "; endpoint_host_forbidden (POST): an added host outside "
+                        "proxy.admin_endpoint_hosts",
                    503: "the proxy is shutting down (Retry-After)",
                    404: "unknown backend (the message lists them)",
                    422: "a bad field; `field` names it (a URL that is not an endpoint, one both added and removed)"}
 
 
-router = APIRouter(prefix="/admin", dependencies=[Depends(admin_enabled)])
+router = APIRouter(prefix="/admin", dependencies=[AdminOnly], route_class=JSONBodyRoute)
 
 
 class EndpointView(BaseModel):
@@ -107,6 +107,9 @@ async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, 
     both = [url for url in add if url in remove]
     if both:
         raise InvalidRequest(f"both added and removed: {', '.join(both)}", field="remove")
+    for url in add:
+        if backend.pool.find(url) is None:  # new to the pool: a host the admin may add (config's are trusted)
+            check_endpoint_host(url, request.app.state.settings.proxy.admin_endpoint_hosts)
     unknown = [url for url in remove if backend.pool.find(url) is None]
     if unknown:
         raise InvalidRequest(f"not an endpoint of backend {backend.name!r}: {', '.join(unknown)}; its endpoints: "

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from proxy import admin, progress_routes
+from proxy.admin_access import Credentials
 from proxy.backends import BackendRegistry
 from proxy.binary_body import BinaryBody
 from proxy.compare import Comparer
@@ -22,6 +24,8 @@ from proxy.errors import ConfigError, ProxyError
 from proxy.frame_store import FrameStore
 from proxy.health import Prober, open_probe_client
 from proxy.http_errors import install_handlers
+from proxy.media_budget import MediaCaps, MediaExecutor, default_media_workers
+from proxy.media_file import prepare_media_roots
 from proxy.observe import AuditLog, Metrics
 from proxy.openapi import install_openapi
 from proxy.passthrough import ChatPassthrough
@@ -58,14 +62,25 @@ def _warn_unready(prober: Prober, registry: BackendRegistry) -> None:
                                                                                strict=True)))
 
 
+def _credentials(settings: Settings) -> Credentials:
+    """The scoring and admin keys (proxy/admin_access.py), each named variable set, the two different."""
+    proxy = settings.proxy
+    for key, env in (("api_key_env", proxy.api_key_env), ("admin_api_key_env", proxy.admin_api_key_env)):
+        if env and not os.environ.get(env):
+            raise ConfigError(f"proxy.{key} names {env!r}, which is unset or empty")
+    try:
+        return Credentials(settings.proxy_api_key(), settings.proxy_admin_key())
+    except ValueError as err:
+        raise ConfigError(f"proxy.admin_api_key_env: {err}; give the admin its own key") from err
+
+
 def create_app(settings: Settings) -> FastAPI:
     prompts = PromptStore(settings.proxy.prompts_dir)
     _check_prompts(settings, prompts)
+    prepare_media_roots(settings.proxy.allowed_media_roots)
     for warning in settings.warnings():
         log.warning(warning)
-    api_key = settings.proxy_api_key()
-    if settings.proxy.api_key_env and not api_key:
-        raise ConfigError(f"proxy.api_key_env names {settings.proxy.api_key_env!r}, which is unset or empty")
+    credentials = _credentials(settings)
     metrics = Metrics()
     gate = ShutdownGate()
 
@@ -86,8 +101,16 @@ def create_app(settings: Settings) -> FastAPI:
             if frame_store is not None:
                 await asyncio.to_thread(frame_store.open)
             app.state.frame_store = frame_store
-            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics,
-                                      AuditLog(settings.proxy.audit_log), frame_store)
+            audit_cfg = settings.proxy.audit
+            audit = AuditLog(settings.proxy.audit_log, max_bytes=int(audit_cfg.max_mb * 2**20), keep=audit_cfg.keep,
+                             queue_lines=audit_cfg.queue_lines, metrics=metrics)
+            stack.push_async_callback(asyncio.to_thread, audit.close)  # a clean stop writes every queued line
+            app.state.audit = audit
+            proxy_cfg = settings.proxy  # media work: the app's bounded threads, each decode within one budget
+            media = MediaExecutor(proxy_cfg.media_workers or default_media_workers(), MediaCaps(
+                int(proxy_cfg.max_decoded_mb * 2**20), proxy_cfg.max_video_frames, proxy_cfg.max_video_seconds))
+            stack.callback(media.close)
+            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics, audit, frame_store, media=media)
             app.state.comparer = Comparer(app.state.scorer)  # /compare, on the scorer's pieces
             app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
             references = ReferenceStore(settings.proxy.reference_store) if settings.proxy.reference_store else None
@@ -117,6 +140,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BinaryBody, max_parts=settings.proxy.max_inline_frames + 32 * settings.proxy.max_batch_items)
     app.add_middleware(Edge, max_bytes=int(settings.proxy.max_body_mb * 2**20), metrics=metrics, gate=gate,
                        routes=frozenset(p for r in (*app.routes, *router.routes) if (p := getattr(r, "path", None))),
-                       api_key=api_key)
+                       credentials=credentials)
     return app
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.config import BackendConfig, Settings
-from proxy.errors import RETRYABLE_UPSTREAM, InvalidRequest, UnknownBackend, UpstreamError
+from proxy.errors import RETRYABLE_UPSTREAM, InvalidRequest, UnknownBackend, UpstreamError, UpstreamTimeout
 from proxy.observe import Metrics
 from proxy.pool import Endpoint, EndpointPool
 from proxy.retry import Attempt
@@ -46,9 +46,15 @@ class Backend:
 
     def note_failure(self, endpoint: Endpoint, err: UpstreamError, metrics: Metrics, attempt: Attempt) -> None:
         # 429 is back-pressure and a 4xx is our request's fault: neither means the replica is broken.
-        broken = isinstance(err, RETRYABLE_UPSTREAM) and err.upstream_status != 429
+        # Nor does a timeout the caller's budget (or the request's deadline) cut short: a client
+        # sending a short budget must not take a busy but healthy replica out of rotation. Only a
+        # wait of the full timeout_s (or a connect timeout within it) is held against the replica.
+        callers = isinstance(err, UpstreamTimeout) and attempt.deadline_bound and err.at_limit
+        broken = isinstance(err, RETRYABLE_UPSTREAM) and err.upstream_status != 429 and not callers
         self.pool.record_failure(endpoint, cause=f"{err.code}: {err.message[:200]}", counts_for_circuit=broken)
         metrics.upstream_calls.labels(self.name, endpoint.base_url, err.code).inc()
+        if isinstance(err, UpstreamTimeout):
+            metrics.upstream_timeouts.labels(self.name, endpoint.base_url, "deadline" if callers else "timeout").inc()
         log.warning("upstream call failed: backend=%s endpoint=%s attempt=%d code=%s: %s",
                     self.name, endpoint.base_url, attempt.number, err.code, err.message[:300])
 

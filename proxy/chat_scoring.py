@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from proxy.backends import BackendRegistry
 from proxy.errors import InvalidRequest, UnknownBackend
+from proxy.json_body import loads
 from proxy.resolve import SAMPLING_FIELDS
 from proxy.schemas import ScoreRequest, ScoreResponse, validation_error
 from proxy.scoring import Scorer
@@ -60,7 +61,7 @@ def scoring_body(raw_body: bytes, model: str) -> dict[str, Any] | None:
     if not model.startswith(SCORE_PREFIX):
         return None
     try:
-        return json.loads(raw_body)  # routing checked the structure, not every value
+        return loads(raw_body)  # routing checked the structure, not every value
     except ValueError as err:
         raise InvalidRequest(f"the request body is not valid JSON ({err})", field="body") from err
 

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-__all__ = ["add_subcommands"]
+__all__ = ["SERVER_PYTHON", "add_subcommands", "require_server_python"]
+
+# The service's code needs 3.11 (asyncio.timeout); pyproject's server extra carries the same floor.
+SERVER_PYTHON = (3, 11)
+
+
+def require_server_python(version: tuple[int, ...] = tuple(sys.version_info)) -> None:
+    """Refuse to start the service on an older Python, naming it (not an AttributeError at the
+    first upstream call)."""
+    if tuple(version[:2]) < SERVER_PYTHON:
+        raise SystemExit(f"error: the proxy service needs Python {'.'.join(map(str, SERVER_PYTHON))} or newer; "
+                         f"this is Python {'.'.join(map(str, version[:3]))} (only the client runs on 3.10)")
 
 
 def _serve(args: argparse.Namespace) -> int:
+    require_server_python()
     import json
     from pathlib import Path
 
@@ -21,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    require_server_python()
     from proxy.app import create_app
     from proxy.config import load_settings
 

@@ -24,9 +24,11 @@ from proxy.call_config import (  # noqa: F401 - ReaskConfig is re-exported: one 
     RetryConfig,
     RoutingConfig,
 )
+from proxy.endpoint_hosts import EndpointHost
 from proxy.errors import ConfigError
 from proxy.launch_config import LaunchConfig
 from proxy.scales import SCORE_MODES
+from proxy.store_config import AuditConfig, FrameStoreConfig, ReferenceStoreConfig  # noqa: F401 - re-exported
 from proxy.strict_model import PositiveInt
 from proxy.strict_model import StrictModel as _Strict
 from vlm_protocol import strict_yaml
@@ -47,24 +49,6 @@ def endpoint_url(url: str) -> str:
     return url.rstrip("/")
 
 
-class FrameStoreConfig(_Strict):
-    """The exact JPEGs sent to vLLM, kept once each by content hash (what `report` shows and
-    `replay` re-scores). When it is full or the disk fails, scoring goes on and says so."""
-
-    dir: Path
-    max_mb: float = Field(10_240.0, gt=0)
-
-
-class ReferenceStoreConfig(_Strict):
-    """Earlier successes and demonstrations per (served model, task): the references of
-    POST /progress/batch beside the batch's own successes (docs/progress.md). Bounded per task."""
-
-    dir: Path
-    # Per task. Bounded: clustering costs successes² x width (docs/benchmarks.md §6).
-    max_successes: int = Field(32, ge=0, le=1024)  # the oldest is evicted first
-    max_demonstrations: int = Field(32, ge=1, le=1024)  # never evicted; adding beyond is an error
-
-
 class ProxySettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(18080, ge=0, le=65535)
@@ -76,8 +60,14 @@ class ProxySettings(_Strict):
     max_inline_frames: PositiveInt = 2048
     max_pixels_limit: PositiveInt = 1_605_632  # 2048 * 28 * 28
     max_source_pixels: PositiveInt = 4096 * 4096  # decoded frame size cap (decompression bombs)
+    # Per request (docs/configuration.md): decoded MiB held at once, a video's frames and seconds.
+    max_decoded_mb: float = Field(512.0, gt=0)
+    max_video_frames: PositiveInt = 4096
+    max_video_seconds: float = Field(600.0, gt=0)
+    media_workers: PositiveInt | None = None  # media threads; None: the cores, at most 8
     prompts_dir: Path = Path("prompts")
     audit_log: Path | None = None
+    audit: AuditConfig = Field(default_factory=AuditConfig)  # rotation and queue of audit_log
     frame_store: FrameStoreConfig | None = None  # opt-in; the audit log names each frame by hash
     reference_store: ReferenceStoreConfig | None = None  # opt-in (POST /progress/batch)
     # Bounded wait for a backend's /health and /v1/models when /health is asked.
@@ -88,8 +78,19 @@ class ProxySettings(_Strict):
     max_prompt_chars: PositiveInt = 16_384  # backend_kwargs system_prompt / user_prompt / prompt_template
     # Name of the env var holding a bearer token required on every route but /health.
     api_key_env: str | None = None
+    # The admin key's env var: the only key of routes that change what the proxy trusts or pays
+    # (proxy/admin_access.py); unset = those routes are off. It may also score; not the scoring key.
+    admin_api_key_env: str | None = None
+    admin_endpoint_hosts: list[EndpointHost] | None = None  # what POST /admin/endpoints may add; None: any
     # On SIGTERM/SIGINT: requests in flight get this long, then are answered 503 shutting_down.
     shutdown_grace_s: float = Field(10.0, ge=0, le=600)
+
+    @model_validator(mode="after")
+    def _admin_key_is_not_the_scoring_key(self) -> ProxySettings:
+        if self.admin_api_key_env is not None and self.admin_api_key_env == self.api_key_env:
+            raise ValueError("admin_api_key_env must name another variable than api_key_env: with one key, "
+                             "every scoring client would be an admin")
+        return self
 
 
 class SamplingConfig(_Strict):
@@ -197,6 +198,10 @@ class Settings(_Strict):
 
     def proxy_api_key(self) -> str | None:
         env = self.proxy.api_key_env
+        return os.environ.get(env) or None if env else None
+
+    def proxy_admin_key(self) -> str | None:
+        env = self.proxy.admin_api_key_env
         return os.environ.get(env) or None if env else None
 
     def warnings(self) -> list[str]:

@@ -19,7 +19,8 @@ from typing import Annotated
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.media import prefix_indices
+from proxy.media import encode_prefix, prefix_indices
+from proxy.media_budget import DecodeBudget
 from proxy.resolve import resolve_request
 from proxy.schemas import ScoreRequest, ScoreResponse
 from proxy.scoring import Scorer
@@ -85,15 +86,21 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
     backend.pool.check_admission()  # the curve is admitted as a whole, like a batch
     ends: list[int] = []
 
-    def wanted_for(count: int) -> list[int]:
+    def episodes_for(count: int) -> list[list[int]]:
         ends[:] = _prefix_ends(request, count)
-        return sorted({i for end in ends for i in prefix_indices(count, limits.nframes, end)})
+        return [prefix_indices(count, limits.nframes, end) for end in ends]
 
-    decoded = await asyncio.to_thread(decode_source, limits, wanted_for, **scorer.source_of(request))
+    def decode_and_encode(budget: DecodeBudget):
+        """One decode for every prefix, each frame kept only at the sizes its prefixes send (within one
+        request budget), then every prefix's JPEGs: the decoded frames never leave the media thread."""
+        decoded = decode_source(limits, episodes_for, budget, **scorer.source_of(request))
+        return decoded.count, decoded.load_ms, [encode_prefix(limits, decoded, end) for end in ends]
+
+    count, load_ms, encoded = await scorer.media.run(decode_and_encode)
     base = request.model_dump(exclude={"points", "prefix_ends"})
     tasks = [asyncio.ensure_future(scorer.score(
-        ScoreRequest.model_validate({**base, "prefix_end": end}), admit=False, budget_s=budget_s, decoded=decoded,
-        dense={"point": point, "points": len(ends)})) for point, end in enumerate(ends)]
+        ScoreRequest.model_validate({**base, "prefix_end": end}), admit=False, budget_s=budget_s,
+        encoded=encoded[point], dense={"point": point, "points": len(ends)})) for point, end in enumerate(ends)]
     try:
         done = await asyncio.gather(*tasks)
     except ProxyError as err:
@@ -113,9 +120,9 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
     return DenseResponse(
         curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)
                for end, r in zip(ends, done, strict=True)],
-        points=done, backend=backend.name, model=done[-1].model, source_count=decoded.count,
+        points=done, backend=backend.name, model=done[-1].model, source_count=count,
         attempts=sum(r.attempts for r in done), usage=usage,
-        timings_ms={"load": round(decoded.load_ms, 3), "total": round((time.perf_counter() - started) * 1e3, 3)})
+        timings_ms={"load": round(load_ms, 3), "total": round((time.perf_counter() - started) * 1e3, 3)})
 
 
 def _prefix_ends(request: DenseRequest, count: int) -> list[int]:

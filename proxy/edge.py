@@ -1,7 +1,8 @@
 """The HTTP edge, as one plain ASGI middleware around the whole app.
 
 Per request: a request id (the caller's x-request-id or a new one) on the response and in any
-error body; the bearer token when configured (all routes but /health); the body cap (refused
+error body; the bearer token when configured (all routes but /health: either key, its role noted
+for proxy/admin_access.py's AdminOnly); the body cap (refused
 before reading on Content-Length, or as soon as a streamed body crosses it); the request
 counter (route, backend, outcome) for every answer, errors included; the catch-all for
 unexpected exceptions (logged with traceback, answered `internal_error`); and the shutdown
@@ -13,12 +14,12 @@ CPU at c=32 (bench/profile_proxy.py).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.admin_access import Credentials
 from proxy.errors import PayloadTooLarge, ProxyError, ShuttingDown, Unauthorized
 from proxy.http_errors import error_response
 from proxy.observe import Metrics
@@ -36,10 +37,10 @@ def request_id_of(headers: dict[bytes, bytes]) -> str:
 
 class Edge:
     def __init__(self, app: ASGIApp, *, max_bytes: int, metrics: Metrics, gate: ShutdownGate,
-                 routes: frozenset[str], api_key: str | None = None) -> None:
+                 routes: frozenset[str], credentials: Credentials | None = None) -> None:
         self.app, self.max_bytes = app, max_bytes
         self.metrics, self.gate, self.routes = metrics, gate, routes
-        self.expected_auth = f"Bearer {api_key}".encode() if api_key else None
+        self.credentials = credentials or Credentials()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,6 +49,7 @@ class Edge:
         request_id = request_id_of(headers)
         state = scope.setdefault("state", {})  # read back as request.state
         state["request_id"] = request_id
+        state["role"] = self.credentials.role_of(headers.get(b"authorization", b""))
         route = scope["path"] if scope["path"] in self.routes else "unmatched"
         started = refused = False
         id_header = (b"x-request-id", request_id.encode("latin-1"))
@@ -72,8 +74,7 @@ class Edge:
         if self.gate.draining and scope["path"] not in OPEN_PATHS:
             return await answer(ShuttingDown("the proxy is shutting down; send this request again "
                                              "to another instance or after it restarts"))
-        if self.expected_auth and scope["path"] not in OPEN_PATHS and not hmac.compare_digest(
-                headers.get(b"authorization", b""), self.expected_auth):
+        if self.credentials.scoring_required and state["role"] is None and scope["path"] not in OPEN_PATHS:
             return await answer(Unauthorized("missing or wrong bearer token"))
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:

@@ -6,11 +6,15 @@
     │   ├── MediaNotFound         422  media_not_found
     │   ├── MediaForbidden        403  media_forbidden      (video_path outside allowed roots)
     │   ├── MediaDecodeError      422  media_decode_error   (corrupt video / image / npy)
+    │   │   └── MediaFormatRefused 422 media_format_refused (not MP4/MOV, AVI, MKV/WebM, JPEG, PNG)
+    │   ├── MediaBudgetExceeded   413  media_budget_exceeded (decoded MiB, video frames or seconds over a cap)
     │   ├── TemplateVariableError 422  template_variable
     │   └── TokenBudgetExceeded   422  token_budget
     ├── PayloadTooLarge           413  payload_too_large
     ├── Unauthorized              401  unauthorized         (proxy.api_key_env set, token wrong)
-    ├── AdminDisabled             403  admin_disabled       (/admin/* on a proxy without proxy.api_key_env)
+    ├── AdminDisabled             403  admin_disabled       (admin routes on a proxy without proxy.admin_api_key_env)
+    ├── AdminKeyRequired          403  admin_key_required   (an admin route called with the scoring key)
+    ├── EndpointHostForbidden     403  endpoint_host_forbidden (POST /admin/endpoints: host not in admin_endpoint_hosts)
     ├── UnknownBackend            404  unknown_backend
     ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
     ├── Overloaded                429  overloaded           (retryable)
@@ -18,6 +22,7 @@
     ├── ProgressGroupFailed       (the cause's) progress_group_failed (/progress: another episode of the task failed)
     ├── ReferenceMismatch         409  reference_mismatch   (/progress: stored vectors of another size)
     ├── ReferenceStoreFull        409  reference_store_full (/progress/references: too many demonstrations)
+    ├── ReferenceKeysFull         409  reference_keys_full  (the store holds reference_store.max_keys tasks)
     ├── ConfigError               (start-up only, never an HTTP answer)
     ├── PromptTemplateError       500  prompt_template_invalid (a template file broke after an edit)
     └── UpstreamError             502  upstream_error       (base for failures of `vllm serve`)
@@ -95,6 +100,20 @@ class MediaDecodeError(InvalidRequest):
     code = "media_decode_error"
 
 
+class MediaFormatRefused(MediaDecodeError):
+    """A file whose first bytes are not a documented container or image (a playlist, a concat list,
+    text...): never handed to a demuxer that might open another file. `detected` names what it is."""
+
+    code = "media_format_refused"
+
+
+class MediaBudgetExceeded(InvalidRequest):
+    """Decoding would pass a per-request cap; refused before any upstream call. `limit` names the
+    setting, `needed` what the request would take (MiB, frames or seconds)."""
+
+    code = "media_budget_exceeded"
+
+
 class TemplateVariableError(InvalidRequest):
     code = "template_variable"
 
@@ -108,9 +127,19 @@ class Unauthorized(ProxyError):
 
 
 class AdminDisabled(ProxyError):
-    """The admin routes change what the proxy serves: never without a bearer token."""
+    """The admin routes change what the proxy trusts or pays: never without an admin key."""
 
     code = "admin_disabled"
+
+
+class AdminKeyRequired(ProxyError):
+    """The scoring key was sent to an admin route: a scorer is not an admin."""
+
+    code = "admin_key_required"
+
+
+class EndpointHostForbidden(ProxyError):
+    code = "endpoint_host_forbidden"
 
 
 class RouteNotFound(ProxyError):
@@ -152,6 +181,12 @@ class ReferenceMismatch(ProxyError):
 
 class ReferenceStoreFull(ProxyError):
     code = "reference_store_full"
+
+
+class ReferenceKeysFull(ProxyError):
+    """No new (namespace, task) key: the store holds reference_store.max_keys; existing keys still work."""
+
+    code = "reference_keys_full"
 
 
 class ProgressGroupFailed(ProxyError):
@@ -204,6 +239,9 @@ class UpstreamUnavailable(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
+    # False when the wait ended before the call's own limit for the replica's sake (no connection
+    # within the connect timeout): then it is the replica's failure whoever set the limit.
+    at_limit = True
 
 
 class UpstreamRejected(UpstreamError):

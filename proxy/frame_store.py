@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.config import FrameStoreConfig
 from proxy.observe import Metrics
+from proxy.store_config import FrameStoreConfig
 from vlm_protocol.frame_store import frame_path
 
 log = logging.getLogger(__name__)

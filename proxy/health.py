@@ -8,32 +8,45 @@ endpoint's circuit (a failed probe counts like a failed request) and are cached,
 /health` answers from the cache without calling upstream. The loop logs and survives anything.
 Each round probes the pools' endpoints as they are then (endpoints come and go at run time:
 proxy/admin.py); the results of endpoints no longer in a pool are dropped.
+
+What `GET /health` shows of an endpoint (`endpoint_health`): /health answers without a key, so
+anyone who may not score sees states and codes (`reason_code`, and a `reason` in the proxy's own
+words); the detailed reason (which may quote a server's answer or an error's text) only goes to a
+caller who may score, i.e. holds a key or asks a proxy that needs none: the same caller already
+sees that text in error answers. Credentials in URLs (`http://user:pass@host`) are never shown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-__all__ = ["Prober", "Readiness", "probe", "server_root"]
+__all__ = ["Prober", "Readiness", "endpoint_health", "probe", "server_root", "without_credentials"]
 
 log = logging.getLogger("vlm_reward_proxy.health")
+
+
+# userinfo (everything up to the authority's last "@"), as URL parsers take it
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]*@")
+
+
+def without_credentials(text: str) -> str:
+    return _USERINFO.sub(r"\1***@", text)
 
 
 @dataclass(frozen=True)
 class Readiness:
     ready: bool
-    reason: str | None = None  # why not, in words
+    reason: str | None = None  # why not, in words (may quote the server: the log's and keyed callers')
     checked_at: float = 0.0  # time.time() of the probe
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ready": self.ready, "reason": self.reason,
-                "checked_s_ago": round(max(0.0, time.time() - self.checked_at), 3)}
+    code: str | None = None  # why not, as a code: connection_refused, health_status, models_unauthorized, ...
+    summary: str | None = None  # why not, in the proxy's own words only (shown to anyone)
 
 
 def server_root(base_url: str) -> str:
@@ -47,36 +60,36 @@ async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, ti
     /health is 503 while its backends load)."""
     now = time.time()
 
-    def not_ready(reason: str) -> Readiness:
-        return Readiness(False, reason, now)
+    def not_ready(code: str, summary: str, detail: str | None = None) -> Readiness:
+        return Readiness(False, f"{summary}{detail}" if detail else summary, now, code, summary)
 
     try:
         health = await http.get(server_root(base_url) + "/health", timeout=timeout_s)
         if model is None:
             return Readiness(True, None, now)
         if health.status_code != 200:
-            return not_ready(f"/health answered {health.status_code}")
+            return not_ready("health_status", f"/health answered {health.status_code}")
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         models = await http.get(base_url + "/models", timeout=timeout_s, headers=headers)
         if models.status_code == 401:
-            return not_ready("/v1/models answered 401: the backend's api_key_env does not hold "
-                             "the server's --api-key")
+            return not_ready("models_unauthorized", "/v1/models answered 401: the backend's api_key_env does "
+                             "not hold the server's --api-key")
         if models.status_code != 200:
-            return not_ready(f"/v1/models answered {models.status_code}")
+            return not_ready("models_status", f"/v1/models answered {models.status_code}")
         listed = models.json().get("data")
         served = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else None
     except httpx.ConnectError:
-        return not_ready("connection refused (not started, or still loading)")
+        return not_ready("connection_refused", "connection refused (not started, or still loading)")
     except httpx.InvalidURL as err:  # an endpoint added at run time may be no URL httpx can call
-        return not_ready(f"not a URL that can be called: {err}")
+        return not_ready("invalid_url", "not a URL that can be called", f": {err}")
     except httpx.HTTPError as err:
-        return not_ready(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+        return not_ready("transport_error", type(err).__name__, f": {err}" if str(err) else None)
     except (ValueError, AttributeError):
-        return not_ready("/v1/models did not answer a JSON model list")
+        return not_ready("bad_model_list", "/v1/models did not answer a JSON model list")
     if served is None:
-        return not_ready("/v1/models did not answer a model list")
+        return not_ready("bad_model_list", "/v1/models did not answer a model list")
     if model not in served:
-        return not_ready(f"model {model!r} not served (serves {served})")
+        return not_ready("model_not_served", f"model {model!r} not served", f" (serves {served})")
     return Readiness(True, None, now)
 
 
@@ -136,4 +149,27 @@ class Prober:
                 log.exception("health probe round failed; probing again in %gs", self.interval_s)
 
     def readiness(self, backend: str, endpoint: str) -> Readiness:
-        return self.results.get((backend, endpoint), Readiness(False, "not probed yet"))
+        return self.results.get((backend, endpoint), Readiness(False, "not probed yet", 0.0, "not_probed",
+                                                               "not probed yet"))
+
+
+def endpoint_health(endpoint: Any, readiness: Readiness, *, detailed: bool) -> dict[str, Any]:
+    """One endpoint (proxy.pool.Endpoint) in GET /health. The newest evidence wins: requests that
+    failed since the last good probe or call, or a call it answered since a failed probe (a server
+    restarted between two probes). `detailed`: the reason's full text (see the module's docstring)."""
+    circuit = endpoint.state()
+    failing = endpoint.consecutive_failures > 0
+    answered = readiness.ready or endpoint.answered_at > readiness.checked_at
+    if failing:
+        in_a_row = f"({endpoint.consecutive_failures} in a row)"
+        code, summary = ((readiness.code, f"health probe: {readiness.summary} {in_a_row}")
+                         if endpoint.last_failure_by_probe else ("requests_failing", f"requests failing {in_a_row}"))
+        reason = endpoint.last_failure if detailed else summary
+    elif answered:
+        code = reason = None
+    else:
+        code, reason = readiness.code, readiness.reason if detailed else readiness.summary
+    return {"url": without_credentials(endpoint.base_url), "in_flight": endpoint.in_flight, "circuit": circuit,
+            "draining": endpoint.draining, "checked_s_ago": round(max(0.0, time.time() - readiness.checked_at), 3),
+            "ready": answered and circuit != "open" and not failing and not endpoint.draining,
+            "reason_code": code, "reason": without_credentials(reason) if reason else None}

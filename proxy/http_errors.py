@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import Scope
 
 from proxy.errors import InvalidRequest, MethodNotAllowed, ProxyError, RouteNotFound
@@ -27,7 +28,9 @@ __all__ = ["error_answers", "error_response", "install_handlers"]
 
 ERROR_MEANINGS = {
     401: "missing or wrong bearer token (proxy.api_key_env)", 403: "video_path outside the allowed roots",
-    404: "unknown backend", 413: "body over proxy.max_body_mb", 422: "a bad field; `field` names it",
+    404: "unknown backend",
+    413: "body over proxy.max_body_mb, or media over a budget (max_decoded_mb, max_video_frames, max_video_seconds)",
+    422: "a bad field; `field` names it",
     429: "the backend's admission queue is full (Retry-After)", 500: "a bug (logged with its traceback)",
     502: "vLLM failed, or its replies held no declared answer",
     503: "no replica reachable, or the proxy is shutting down (Retry-After)",
@@ -58,11 +61,24 @@ def error_response(err: ProxyError, scope: Scope) -> JSONResponse:
     return JSONResponse({"error": err.to_dict(request_id)}, status_code=err.status_code, headers=headers)
 
 
-def _from_http_exception(exc: StarletteHTTPException) -> ProxyError:
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the path takes, asked of the router itself (routes may sit in included routers).
+    FastAPI registers one route per method, and the router answers 405 from the first route whose
+    path matches, naming that route's methods alone (GET or POST of /admin/endpoints, not both)."""
+    methods = [method for method in _METHODS if any(
+        route.matches({**request.scope, "method": method})[0] is Match.FULL for route in request.app.router.routes)]
+    return ", ".join(methods) or None
+
+
+def _from_http_exception(exc: StarletteHTTPException, request: Request) -> ProxyError:
     if exc.status_code == 404:
         return RouteNotFound("no such route")
     if exc.status_code == 405:
-        allow = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+        headers = exc.headers or {}
+        allow = _allowed_methods(request) or headers.get("Allow") or headers.get("allow")
         return MethodNotAllowed("method not allowed on this route" + (f"; allowed: {allow}" if allow else ""),
                                 allow=allow)
     # e.g. invalid UTF-8 or nesting too deep for the JSON parser: as bad input as malformed JSON
@@ -76,7 +92,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(_from_http_exception(exc), request.scope)
+        return error_response(_from_http_exception(exc, request), request.scope)
 
     @app.exception_handler(RequestValidationError)
     async def schema_error(request: Request, exc: RequestValidationError) -> JSONResponse:

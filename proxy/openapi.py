@@ -123,11 +123,41 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
                                                "properties": {"points": {"type": "integer"},
                                                               "prefix_ends": {"type": "array"}}})
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
+    _each_item_on_its_own(schemas["BatchScoreRequest"], "ScoreRequest")
     schemas["EndpointChange"]["properties"]["backend"] = {  # POST /admin/endpoints: any kind
         "enum": _labels(settings.backends.items()), "description": "a backend's name, served model name or alias"}
     _complete_progress(schemas, settings)
     _complete_compare(schemas, settings, prompts, labels)
+    _state_what_the_schema_cannot(document)
     return document
+
+
+def _each_item_on_its_own(batch: dict[str, Any], item: str) -> None:
+    """A batch validates each item on its own (batch.py): an object that is not a valid `item` gets
+    its own 422 inside a 200, so the document accepts any object there and says so."""
+    batch["properties"]["items"]["items"] = {
+        "type": "object", "anyOf": [{"$ref": f"#/components/schemas/{item}"}, {"type": "object"}],
+        "description": f"a {item}, validated on its own: an item that is not one gets its own 422 in "
+                       "`results` (ok: false) and the batch still answers 200 (one broken item never "
+                       "sinks the batch)"}
+
+
+# What a 422 may also mean where a request carries media or frame indices: what only the content tells.
+_CONTENT_422 = ("; also content the schema cannot check: a frame that is not a PNG or JPEG image, a video "
+                "that cannot be decoded, a frame index past the episode's last frame, a prompt over the "
+                "model's context (max_model_len)")
+_BATCH_200 = ("every item's own result or error, in request order: an item the schema or its content "
+              "refuses gets its own status (422, 403, 404, ...) inside this 200")
+
+
+def _state_what_the_schema_cannot(document: dict[str, Any]) -> None:
+    for path, methods in document["paths"].items():
+        for operation in methods.values():
+            responses = operation.get("responses", {})
+            if "422" in responses and path.startswith(("/score", "/compare", "/progress")):
+                responses["422"]["description"] += _CONTENT_422
+            if path in ("/score/batch", "/compare/batch") and "200" in responses:
+                responses["200"]["description"] = _BATCH_200
 
 
 def _complete_progress(schemas: dict[str, Any], settings: Settings) -> None:
@@ -170,6 +200,7 @@ def _complete_compare(schemas: dict[str, Any], settings: Settings, prompts: Prom
                                  "description": "sampling overrides within bounds, and the comparison "
                                                 "template's variables"}
     schemas["BatchCompareRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
+    _each_item_on_its_own(schemas["BatchCompareRequest"], "CompareRequest")
 
 
 def install_openapi(app: FastAPI, settings: Settings, prompts: PromptStore) -> None:

@@ -11,6 +11,7 @@ the upstream response (`RelayedStream`).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -90,7 +91,13 @@ def routing_fields(raw_body: bytes) -> RoutingFields:
     if model is None or not isinstance(model.value, str):
         raise InvalidRequest("body must be a JSON object with a string 'model'", field="model")
     stream = fields.get("stream")
-    return RoutingFields(model, bool(stream is not None and stream.value))
+    if stream is not None and stream.value is not None and not isinstance(stream.value, bool):
+        # OpenAI's `stream` is a boolean (or null). vLLM reads "false", 0 or "no" as False in
+        # pydantic's lax mode: relaying any of them as a stream would answer what vLLM did not.
+        given = stream.value if isinstance(stream.value, bytes) else json.dumps(stream.value).encode()
+        raise InvalidRequest(f"'stream' must be true, false or null, not {given[:40].decode('utf-8', 'replace')}",
+                             field="stream")
+    return RoutingFields(model, stream is not None and stream.value is True)
 
 
 _ROUTING = frozenset({"model", "stream"})

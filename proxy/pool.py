@@ -9,7 +9,9 @@
 - An endpoint's circuit opens after `failures` consecutive failures — transport/5xx failures of
   requests and failed health probes alike: it gets no traffic until `cooldown_s` passes (then
   one trial request) or a probe finds it ready. Success closes it. 429 is back-pressure, not
-  breakage: it does not count. The endpoint remembers why it opened (`last_failure`).
+  breakage: it does not count; nor does a timeout the caller's budget or the request's deadline
+  cut short of `timeout_s` (proxy.backends.Backend.note_failure): a client with a short budget
+  cannot take a busy, healthy replica out of rotation. The endpoint remembers why it opened (`last_failure`).
 - No usable endpoint at all (every circuit open) fails fast with UpstreamUnavailable, marked
   retryable (no upstream call was made) with a Retry-After of the earliest cool-down's end.
 - Endpoints come and go at run time (`add`, `remove`: POST /admin/endpoints). Removing drains:
@@ -44,6 +46,7 @@ class Endpoint:
     open_until: float = 0.0  # monotonic; 0 = circuit closed
     trial_in_flight: bool = False
     last_failure: str | None = None  # why the last request or probe failed, for messages
+    last_failure_by_probe: bool = False  # (then /health can name the probe's code to anyone)
     draining: bool = False  # removed at run time: no new calls; gone from the pool when the last ends
     answered_at: float = 0.0  # time.time() of its last good call or probe: newer than a failed probe, it wins
 
@@ -265,9 +268,11 @@ class EndpointPool:
                 self._notify()
         else:
             self._count_towards_circuit(endpoint, f"health probe: {reason}")
+            endpoint.last_failure_by_probe = True
 
     def _count_towards_circuit(self, endpoint: Endpoint, cause: str) -> None:
         endpoint.consecutive_failures += 1
+        endpoint.last_failure_by_probe = False
         endpoint.last_failure = f"{cause} ({endpoint.consecutive_failures} in a row)"
         if endpoint.circuit_open or endpoint.consecutive_failures >= self.circuit.failures:
             endpoint.open_until = time.monotonic() + self.circuit.cooldown_s

@@ -136,13 +136,14 @@ class ProgressScorer:
         await asyncio.to_thread(measure)
         results = [self._answer(backend, i, items[i], embedded[i], outcomes[i], body.include_embeddings)
                    for i in range(len(items))]
+        not_remembered = []
         if self.store is not None and body.remember_successes:
-            await self._remember(keys, tasks, embedded, outcomes)
+            not_remembered = await self._remember(keys, tasks, embedded, outcomes)
         counts = {kind: sum(1 for o in outcomes.values() if isinstance(o, ProgressResult) and o.outcome == kind)
                   for kind in ("success", "progress", "no_reference")}
         ok = sum(r["ok"] for r in results)
         return {"results": results, "summary": {"ok": ok, "failed": len(results) - ok, **counts, "tasks": len(tasks)},
-                "method": METHOD}
+                "method": METHOD, "not_remembered": not_remembered}
 
     def _task_outcomes(self, backend: Backend, key: StoreKey, indices: list[int], items: list[ScoreRequest],
                        embedded: list[Embedded | ProxyError], use_store: bool) -> dict[int, Outcome]:
@@ -214,16 +215,24 @@ class ProgressScorer:
         return {"index": index, "ok": True, "status": 200, "result": result}
 
     async def _remember(self, keys: dict[str, StoreKey], tasks: dict[str, list[int]],
-                        embedded: list[Embedded | ProxyError], outcomes: dict[int, Outcome]) -> None:
-        """The batch's successes join their task's references (after this batch was answered with them)."""
+                        embedded: list[Embedded | ProxyError], outcomes: dict[int, Outcome]) -> list[dict[str, Any]]:
+        """The batch's successes join their task's references (after this batch was answered with them).
+        A task whose successes the store cannot keep (full of keys, a disk error) keeps its answers, which
+        are right for this batch, and is named in the answer's `not_remembered`, the log and a metric."""
+        not_remembered = []
         for task, indices in tasks.items():
-            vectors = [embedded[i].vector for i in indices
-                       if isinstance(outcomes[i], ProgressResult) and outcomes[i].outcome == "success"]
-            if vectors:
-                try:
-                    await asyncio.to_thread(self.store.add_successes, keys[task], vectors)
-                except (ProxyError, OSError) as err:  # the answer stands; the store says why it did not keep them
-                    log.warning("reference store: successes of task %r not kept: %s", task, err)
+            kept = [i for i in indices if isinstance(outcomes[i], ProgressResult) and outcomes[i].outcome == "success"]
+            if not kept:
+                continue
+            try:
+                await asyncio.to_thread(self.store.add_successes, keys[task], [embedded[i].vector for i in kept])
+            except (ProxyError, OSError) as err:
+                code = err.code if isinstance(err, ProxyError) else "os_error"
+                log.warning("reference store: successes of task %r not kept: %s", task, err)
+                self._scorer.metrics.reference_refusals.labels(code, "/progress/batch").inc(len(kept))
+                not_remembered.append({"task_id": outcomes[kept[0]].task_id, "successes": len(kept), "code": code,
+                                       "message": str(err)})
+        return not_remembered
 
     async def add_references(self, body: ReferencesRequest, *, budget_s: float | None) -> ReferencesResponse:
         if self.store is None:
@@ -236,6 +245,10 @@ class ProgressScorer:
             if isinstance(err, ProxyError):
                 raise err  # all or nothing: a demonstration set is added whole
         key = StoreKey(backend.config.model, spaces[0], body.reference_namespace or "", task)
-        added, total = await asyncio.to_thread(self.store.add_demonstrations, key, [e.vector for e in embedded])
+        try:
+            added, total = await asyncio.to_thread(self.store.add_demonstrations, key, [e.vector for e in embedded])
+        except ProxyError as err:
+            self._scorer.metrics.reference_refusals.labels(err.code, "/progress/references").inc(len(embedded))
+            raise
         return ReferencesResponse(backend=backend.name, model=backend.config.model, task_id=body.task_id,
                                   added=added, demonstrations=total)

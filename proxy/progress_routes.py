@@ -1,7 +1,6 @@
 """The progress routes (docs/progress.md): POST /progress/batch, and the reference store's
 POST and GET /progress/references. Adding demonstrations changes training rewards for good (they
-are never evicted), so it needs the bearer token as the admin routes do (403 without
-proxy.api_key_env)."""
+are never evicted), so it takes only the admin key, as the admin routes do (proxy/admin_access.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +9,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from proxy.admin import admin_enabled
+from proxy.admin_access import ADMIN_403, AdminOnly
 from proxy.batch import check_batch_size
 from proxy.http_errors import error_answers
+from proxy.json_body import JSONBodyRoute
 from proxy.progress import ProgressScorer
 from proxy.progress_schemas import ProgressBatchRequest, ProgressBatchResponse, ReferencesRequest, ReferencesResponse
 from proxy.routes import budget_of
 
 __all__ = ["router"]
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 _ALWAYS = (401, 500, 503)
 
 
@@ -40,10 +40,12 @@ async def progress_batch(body: ProgressBatchRequest, request: Request, progress:
     return JSONResponse(answer)
 
 
-@router.post("/progress/references", response_model=ReferencesResponse, dependencies=[Depends(admin_enabled)],
+@router.post("/progress/references", response_model=ReferencesResponse, dependencies=[AdminOnly],
              responses=error_answers(*_ALWAYS, 403, 404, 409, 413, 422, 429, 502, 503, 504, meanings={
-                 403: "admin_disabled: adding demonstrations needs proxy.api_key_env",
-                 409: "the task's stored vectors have another size, or it holds max_demonstrations already"}))
+                 401: "missing or wrong bearer token (this route takes the admin key)", 403: ADMIN_403,
+                 409: "reference_mismatch: the task's stored vectors have another size; reference_store_full: it "
+                      "holds max_demonstrations already; reference_keys_full: a new task or namespace while the "
+                      "store holds reference_store.max_keys"}))
 async def add_references(body: ReferencesRequest, request: Request, progress: ProgressDep) -> ReferencesResponse:
     """Demonstrations of one task, kept as references (all of them, or none on an error)."""
     check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)

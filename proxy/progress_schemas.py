@@ -78,10 +78,21 @@ class ProgressItem(BaseModel):
     error: ErrorDetail | None = None
 
 
+class NotRemembered(BaseModel):
+    """A task whose successes the reference store did not keep (its progress answers stand)."""
+
+    task_id: int | str
+    successes: int  # the successes of this batch not kept
+    code: str  # reference_keys_full (a new namespace/task beyond max_keys), reference_mismatch, os_error
+    message: str
+
+
 class ProgressBatchResponse(BaseModel):
     results: list[ProgressItem]
     summary: dict[str, int]  # ok, failed, success, progress, no_reference, tasks
     method: dict[str, Any]  # the formula's constants and source (proxy/progress_math.py)
+    # Empty when every success asked to be remembered was kept (remember_successes, a store configured).
+    not_remembered: list[NotRemembered] = Field(default_factory=list)
 
 
 class ReferencesResponse(BaseModel):

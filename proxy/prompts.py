@@ -17,13 +17,18 @@ A template is `prompts/<name>.yaml`:
 
 `${name}` placeholders (string.Template) keep literal braces in prompts free to use. Rendered
 text has no leading or trailing whitespace (YAML block scalars end in a newline). A file is
-re-read when its mtime or size changes, so an edit applies to the next request.
+re-read when its mtime or size changes. Outside an event loop (start-up, tools) `get` checks the
+file at once, so an edit applies to the next call; on the loop it never touches the disk: it
+answers from the cache and has a worker thread check the file (at most one check per template at
+a time, `recheck_s` apart), so an edit applies to the requests after that check, within a moment.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,12 +148,17 @@ def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
 
 
 class PromptStore:
-    """Templates by name from one directory, re-read when a file changes."""
+    """Templates by name from one directory, re-read when a file changes (off the loop on it)."""
 
-    def __init__(self, directory: Path, parser: Callable[[str, bytes], Any] | None = None) -> None:
+    def __init__(self, directory: Path, parser: Callable[[str, bytes], Any] | None = None, *,
+                 recheck_s: float = 0.25) -> None:
         self.directory = Path(directory)
         self._parse = parser or parse_template  # another kind of template (preference.py) brings its own
-        self._cache: dict[str, tuple[tuple[int, int], PromptTemplate]] = {}
+        # name -> (the file's (mtime, size), its template or the error reading it gave)
+        self._cache: dict[str, tuple[tuple[int, int] | None, Any]] = {}
+        self._checked: dict[str, float] = {}  # name -> time.monotonic() of its last check
+        self._inflight: dict[str, asyncio.Future] = {}  # name -> its check running off the loop
+        self.recheck_s = recheck_s
         self._lock = threading.Lock()
 
     def path_of(self, name: str) -> Path:
@@ -158,19 +168,63 @@ class PromptStore:
 
     def get(self, name: str) -> PromptTemplate:
         path = self.path_of(name)
-        try:
-            stat = path.stat()
-        except OSError as err:
-            raise PromptTemplateError(f"prompt {name!r} not found at {path}") from err
-        stamp = (stat.st_mtime_ns, stat.st_size)
         with self._lock:
             cached = self._cache.get(name)
-            if cached and cached[0] == stamp:
-                return cached[1]
-        template = self._parse(name, path.read_bytes())
+        if cached is None or not _on_a_loop():  # the first use (start-up checks it) or no loop: read now
+            cached = self._check(name, path)
+        else:
+            self._check_later(name, path)
+        if isinstance(cached[1], Exception):
+            raise cached[1].with_traceback(None)  # the cached error, without the last raise's frames
+        return cached[1]
+
+    async def settled(self) -> None:
+        """Wait for the checks running off the loop (tests: the re-read is then in the cache)."""
+        while self._inflight:
+            await asyncio.gather(*self._inflight.values())
+
+    def _check_later(self, name: str, path: Path) -> None:
+        now = time.monotonic()
         with self._lock:
-            self._cache[name] = (stamp, template)
-        return template
+            if name in self._inflight or now - self._checked.get(name, 0.0) < self.recheck_s:
+                return
+            self._checked[name] = now
+        future = asyncio.get_running_loop().run_in_executor(None, self._check, name, path)
+        self._inflight[name] = future
+        future.add_done_callback(lambda _: self._inflight.pop(name, None))
+
+    def _check(self, name: str, path: Path) -> tuple[tuple[int, int] | None, Any]:
+        """stat the file; re-read and parse it when it changed. Never raises: an error is cached
+        (and raised by `get`) until the file changes again."""
+        self._checked[name] = time.monotonic()
+        try:
+            stat = path.stat()
+        except OSError:
+            entry: tuple[tuple[int, int] | None, Any] = (None, PromptTemplateError(
+                f"prompt {name!r} not found at {path}"))
+        else:
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            with self._lock:
+                cached = self._cache.get(name)
+            if cached and cached[0] == stamp:
+                return cached
+            try:
+                entry = (stamp, self._parse(name, path.read_bytes()))
+            except PromptTemplateError as err:
+                entry = (stamp, err)
+            except OSError as err:
+                entry = (None, PromptTemplateError(f"prompt {name!r} cannot be read at {path}: {err}"))
+        with self._lock:
+            self._cache[name] = entry
+        return entry
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 # The seed's backend_kwargs that replace prompt text (10-OASIS-01/RLinf-RLAIF, libero_reward_server.py).

@@ -1,6 +1,7 @@
 """The bounded, persistent reference store of POST /progress/batch: per task, the embeddings of
 earlier successes (oldest evicted first) and of user-supplied demonstrations (never evicted;
-adding beyond the cap is an error).
+adding beyond the cap is an error), under at most `max_keys` keys: callers name namespaces and
+tasks, so a new key beyond the cap is refused (ReferenceKeysFull) while the keys held keep working.
 
 A task's references are kept under a `StoreKey`: the served model, the embedding space (what else
 decides a vector: layout, prompt, frame limits and rate — proxy/progress.py fingerprints it), an
@@ -24,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from proxy.config import ReferenceStoreConfig
-from proxy.errors import ReferenceMismatch, ReferenceStoreFull
+from proxy.errors import ReferenceKeysFull, ReferenceMismatch, ReferenceStoreFull
+from proxy.store_config import ReferenceStoreConfig
 
 __all__ = ["ReferenceStore", "StoreKey"]
 
@@ -72,6 +73,9 @@ class ReferenceStore:
                 continue
             self._held[key] = _Held(held.successes[len(held.successes) - self.cfg.max_successes:]
                                     if self.cfg.max_successes else (), held.demonstrations)
+        if len(self._held) > self.cfg.max_keys:  # all kept (nothing is lost); no new key until below the cap
+            log.warning("reference store: %d keys in %s, more than reference_store.max_keys (%d): every one is "
+                        "kept, no new (namespace, task) is added", len(self._held), self.cfg.dir, self.cfg.max_keys)
 
     def references(self, key: StoreKey, dim: int) -> np.ndarray:
         """The task's stored vectors (demonstrations, then successes), rows of `dim` numbers."""
@@ -89,7 +93,7 @@ class ReferenceStore:
         if not vectors or self.cfg.max_successes == 0:
             return
         with self._lock:
-            held = self._held.get(key, _Held())
+            held = self._held_or_new(key)
             kept = _new_rows(held, vectors)
             successes = (*held.successes, *kept)[-self.cfg.max_successes:]
             self._commit(key, _Held(successes, held.demonstrations))
@@ -98,7 +102,7 @@ class ReferenceStore:
         """Adds them all (but exact repeats, which would make a cluster of one episode) or none;
         returns how many were added and how many the task now holds."""
         with self._lock:
-            held = self._held.get(key, _Held())
+            held = self._held_or_new(key)
             kept = _new_rows(held, vectors)
             if len(held.demonstrations) + len(kept) > self.cfg.max_demonstrations:
                 raise ReferenceStoreFull(
@@ -107,13 +111,25 @@ class ReferenceStore:
             self._commit(key, _Held(held.successes, (*held.demonstrations, *kept)))
             return len(kept), len(held.demonstrations) + len(kept)
 
+    def _held_or_new(self, key: StoreKey) -> _Held:
+        """The key's references, or none for a new key if the store has room for one (lock held)."""
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        if len(self._held) >= self.cfg.max_keys:
+            raise ReferenceKeysFull(
+                f"the reference store holds {len(self._held)} (namespace, task) keys, reference_store.max_keys: "
+                f"task {key.task!r} of namespace {key.namespace!r} is not added (the keys held keep working)",
+                task_id=key.task, namespace=key.namespace)
+        return _Held()
+
     def status(self) -> dict[str, Any]:
         with self._lock:
             tasks = [{"model": k.model, "space": k.space, "namespace": k.namespace, "task_id": k.task,
                       "successes": len(h.successes), "demonstrations": len(h.demonstrations), "dim": h.dim}
                      for k, h in self._held.items()]
         return {"dir": str(self.cfg.dir), "max_successes": self.cfg.max_successes,
-                "max_demonstrations": self.cfg.max_demonstrations, "tasks": tasks}
+                "max_demonstrations": self.cfg.max_demonstrations, "max_keys": self.cfg.max_keys, "tasks": tasks}
 
     def _commit(self, key: StoreKey, held: _Held) -> None:
         """On disk first; in memory only once written (a failed write changes nothing)."""

@@ -50,6 +50,9 @@ class Attempt:
     timeout_s: float  # min(per-call timeout, time left before the deadline)
     avoid: set[str] = field(default_factory=set)  # endpoints that already failed this request
     sent: bool = False  # set once an endpoint was reserved: this attempt is an upstream call
+    # The deadline (the caller's budget or retry.deadline_s), not timeout_s, set `timeout_s`: a
+    # timeout then is the caller's, never held against the replica's circuit (backends.py).
+    deadline_bound: bool = False
 
 
 class Deadline:
@@ -122,7 +125,8 @@ async def call_with_retries(
                     left = deadline.left()
                     if left <= 0:
                         raise UpstreamTimeout(f"{deadline.why} ran out before vLLM answered")
-                    current = Attempt(calls + 1, parse_round, min(cfg.timeout_s, left), avoid)
+                    current = Attempt(calls + 1, parse_round, min(cfg.timeout_s, left), avoid,
+                                      deadline_bound=left < cfg.timeout_s)
                     try:
                         reply = await send(current)
                     except UpstreamError as err:

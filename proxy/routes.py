@@ -15,8 +15,9 @@ from proxy.chat_scoring import completion, model_cards, parse_chat, score_chat, 
 from proxy.compare import Comparer
 from proxy.dense import DenseRequest, DenseResponse, score_dense
 from proxy.errors import InvalidRequest
-from proxy.health import Prober
+from proxy.health import Prober, endpoint_health
 from proxy.http_errors import error_answers
+from proxy.json_body import JSONBodyRoute
 from proxy.observe import Metrics
 from proxy.passthrough import ChatPassthrough, routing_fields
 from proxy.schemas import (
@@ -32,7 +33,7 @@ from proxy.schemas import (
 from proxy.scoring import Scorer
 from vlm_protocol.wire import BUDGET_HEADER
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 _ALWAYS = (401, 500, 503)  # any route but /health: auth, a bug, shutting down
 _CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
@@ -41,7 +42,7 @@ _CHAT_BODY = {"required": True, "content": {"application/json": {"schema": {
                                                              "(relayed to vLLM), or score:<backend> (scored by "
                                                              "the /score pipeline, docs/api.md)"},
                    "messages": {"type": "array", "items": {"type": "object"}},
-                   "stream": {"type": "boolean"}},
+                   "stream": {"type": ["boolean", "null"]}},  # anything else: 422 (passthrough.py)
     "additionalProperties": True, "description": "an OpenAI chat completion request, relayed to vLLM as is, "
                                                  "or scored when `model` is a scoring model"}}}}
 _RELAYED = {"description": "vLLM's own answer, relayed as is (OpenAI error shape)",
@@ -180,32 +181,31 @@ async def _client_gone(request: Request) -> None:
 async def health(request: Request) -> JSONResponse:
     """From the prober's cache and the requests' outcomes: no upstream call per request. A backend
     is ready when any of its endpoints passed its last probe (or answered a call since a failed
-    one), is in rotation (not draining either), and has not failed a request since."""
+    one), is in rotation (not draining either), and has not failed a request since. Reasons in
+    full only for a caller who may score (proxy/health.py's endpoint_health); codes for anyone."""
     registry: BackendRegistry = request.app.state.registry
     prober: Prober = request.app.state.prober
+    detailed = request.state.role is not None or request.app.state.settings.proxy.api_key_env is None
     backends: dict[str, Any] = {}
     for backend in registry.backends.values():
-        endpoints = []
-        for endpoint in backend.pool.endpoints:
-            readiness = prober.readiness(backend.name, endpoint.base_url)
-            circuit = endpoint.state()
-            # The newest evidence wins: requests that failed since the last good probe or call, or
-            # a call it answered since a failed probe (a server restarted between two probes).
-            failing = endpoint.consecutive_failures > 0
-            answered = readiness.ready or endpoint.answered_at > readiness.checked_at
-            endpoints.append({"url": endpoint.base_url, "in_flight": endpoint.in_flight, "circuit": circuit,
-                              "draining": endpoint.draining, **readiness.as_dict(),
-                              "ready": answered and circuit != "open" and not failing and not endpoint.draining,
-                              "reason": endpoint.last_failure if failing else (None if answered else readiness.reason)})
+        endpoints = [endpoint_health(endpoint, prober.readiness(backend.name, endpoint.base_url), detailed=detailed)
+                     for endpoint in backend.pool.endpoints]
         backends[backend.name] = {"model": backend.config.model, "aliases": backend.config.aliases,
                                   "ready": any(e["ready"] for e in endpoints), "queue": backend.pool.waiting,
                                   "endpoints": endpoints}
     ready = [b["ready"] for b in backends.values()]
     status = "ok" if all(ready) else ("degraded" if any(ready) else "unavailable")
     body: dict[str, Any] = {"status": status, "backends": backends}
+    # Files on disk: counts for anyone; paths and OS error text (which name paths) only in detail.
     if request.app.state.frame_store is not None:  # kept for the report; never decides readiness
-        body["frame_store"] = request.app.state.frame_store.status()
+        body["frame_store"] = _detail_only(request.app.state.frame_store.status(), detailed, "last_error")
+    if request.app.state.audit.path is not None:  # lines lost (disk too slow, OS error) are never silent
+        body["audit"] = _detail_only(request.app.state.audit.status(), detailed, "path", "error")
     return JSONResponse(body, status_code=200 if any(ready) else 503)
+
+
+def _detail_only(status: dict[str, Any], detailed: bool, *keys: str) -> dict[str, Any]:
+    return status if detailed else {k: v for k, v in status.items() if k not in keys}
 
 
 @router.get("/metrics", responses={**error_answers(401, 500),

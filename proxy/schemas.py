@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from proxy.errors import InvalidRequest
 
@@ -34,13 +34,16 @@ class EpisodeMetadata(BaseModel):
     # the layout starts with the first frame.
     group_id: int | ShortString | None = None
 
-    @field_validator("task_id", "episode_id", "group_id", mode="before")
+    @field_validator("task_id", "episode_id", "group_id", "step", "env_success", mode="before")
     @classmethod
-    def _short_as_sent(cls, value: Any) -> Any:
-        """The length limit holds for the string as sent: lax mode would otherwise read a
-        300-digit string as an int, past the documented maxLength."""
+    def _as_sent(cls, value: Any, info: ValidationInfo) -> Any:
+        """Limits hold for the value as sent, not for lax mode's reading of it: a 300-digit string
+        is no int past the documented maxLength, `false` no id 0, and 0 or "no" no env_success."""
         if isinstance(value, str) and len(value) > MAX_METADATA_STRING:
             raise ValueError(f"must be at most {MAX_METADATA_STRING} characters")
+        flag = info.field_name == "env_success"
+        if value is not None and flag != isinstance(value, bool):
+            raise ValueError("must be true, false or null" if flag else "must not be a boolean")
         return value
 
     @model_validator(mode="after")

@@ -7,12 +7,10 @@ sampling, attempts, the model's last reply) — never media.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from proxy.backends import Backend, BackendRegistry
@@ -22,13 +20,14 @@ from proxy.errors import MAX_REPLY_CHARS, ProxyError, ScoreParseError, TokenBudg
 from proxy.estimate import Estimated, estimate
 from proxy.frame_store import FrameStore
 from proxy.layouts import build_chat_body, encode_body, estimate_prompt_tokens, vision_token_count
-from proxy.media import EncodedFrames, encode_prefix, prepare_frames
+from proxy.media import EncodedFrames, prepare_frames
+from proxy.media_budget import DecodeBudget, MediaExecutor
 from proxy.observe import AuditLog, Metrics
 from proxy.prompts import PromptStore, apply_seed_overrides
 from proxy.resolve import presentation_fps, resolve_request, sampling_for_ask
 from proxy.retry import Attempt, call_with_retries
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
-from proxy.sources import DecodedSource, FrameLimits, resolve_media_path
+from proxy.sources import FrameLimits
 from proxy.upstream import ChatReply, UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str
 class Scorer:
     def __init__(self, settings: Settings, registry: BackendRegistry, prompts: PromptStore,
                  upstream: UpstreamClient, metrics: Metrics, audit: AuditLog,
-                 frame_store: FrameStore | None = None) -> None:
+                 frame_store: FrameStore | None = None, *, media: MediaExecutor) -> None:
         self.settings = settings
         self.registry = registry
         self.prompts = prompts
@@ -101,13 +100,14 @@ class Scorer:
         self.metrics = metrics
         self.audit = audit
         self.frame_store = frame_store
+        self.media = media  # the app's bounded media threads: every decode and encode runs there
 
     async def score(self, request: ScoreRequest, *, admit: bool = True, budget_s: float | None = None,
-                    decoded: DecodedSource | None = None, dense: dict[str, int] | None = None) -> ScoreResponse:
+                    encoded: EncodedFrames | None = None, dense: dict[str, int] | None = None) -> ScoreResponse:
         """Score one episode. `admit=False` skips the queue-full check (batch items were
         admitted as a whole); they still wait for endpoint slots like everyone else.
         `budget_s`: how long the caller will wait (its deadline caps the retry policy's).
-        `decoded`, `dense`: a prefix of a dense curve, its source decoded once for every prefix."""
+        `encoded`, `dense`: a prefix of a dense curve, its frames made in the one decode of the curve."""
         started = time.perf_counter()
         try:
             backend = self.registry.resolve(request.backend)
@@ -123,7 +123,7 @@ class Scorer:
         try:
             if admit:
                 backend.pool.check_admission()
-            response = await self._score(request, backend, started, budget_s, trace, decoded)
+            response = await self._score(request, backend, started, budget_s, trace, encoded)
         except ProxyError as err:
             err.backend = backend.name  # the true label for the HTTP request counter
             if dense is None:  # a curve's prefixes are not episodes (the route counts the curve)
@@ -144,7 +144,7 @@ class Scorer:
         return response
 
     async def _score(self, request: ScoreRequest, backend: Backend, started: float,
-                     budget_s: float | None, trace: _Trace, decoded: DecodedSource | None) -> ScoreResponse:
+                     budget_s: float | None, trace: _Trace, encoded: EncodedFrames | None) -> ScoreResponse:
         cfg = backend.config
         template = self.prompts.get(cfg.prompt)
         resolved = resolve_request(request, cfg, template, self.settings.proxy)
@@ -154,7 +154,7 @@ class Scorer:
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
         frames, fps, trace.frames, trace.frame_store = await self.load_episode(
-            request, cfg, resolved.limits, resolved.requested_nframes, decoded)
+            request, cfg, resolved.limits, resolved.requested_nframes, encoded)
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
         body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)
@@ -205,14 +205,14 @@ class Scorer:
                                                               budget_s=budget_s), "batch item")
 
     async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, limits: FrameLimits, requested: int,
-                           decoded: DecodedSource | None = None
+                           encoded: EncodedFrames | None = None
                            ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
         """One episode's frames as sent, the presentation rate, their provenance and what the frame
         store did with them (shared with /compare and /progress). `requested`: nframes asked for."""
-        if decoded is not None:  # a prefix of a dense curve: its source is decoded already
-            frames = await asyncio.to_thread(encode_prefix, limits, decoded, request.prefix_end)
+        if encoded is not None:  # a prefix of a dense curve: made in the curve's one decode
+            frames = encoded
         else:
-            frames = await asyncio.to_thread(self._load_frames, request, limits)
+            frames = await self.media.run(lambda budget: self._load_frames(request, limits, budget))
         fps = presentation_fps(cfg, request, frames)
         info = FramesInfo(
             count=len(frames.jpegs), requested=requested, indices=frames.indices,
@@ -235,16 +235,14 @@ class Scorer:
             if isinstance((reply.usage or {}).get(kind), int):
                 self.metrics.tokens.labels(backend, kind).inc(reply.usage[kind])
 
-    def _load_frames(self, request: ScoreRequest, limits: FrameLimits) -> EncodedFrames:
-        return prepare_frames(limits, prefix_end=request.prefix_end, **self.source_of(request))
+    def _load_frames(self, request: ScoreRequest, limits: FrameLimits, budget: DecodeBudget) -> EncodedFrames:
+        return prepare_frames(limits, budget, prefix_end=request.prefix_end, **self.source_of(request))
 
     def source_of(self, request: ScoreRequest) -> dict[str, Any]:
-        """The request's frame source as `decode_source` takes it (video_path checked against the roots)."""
-        video_path: Path | None = None
-        if request.video_path is not None:
-            video_path = resolve_media_path(request.video_path, self.settings.proxy.allowed_media_roots)
-        return {"video_path": video_path, "frames": request.frames, "frames_npy": request.frames_npy,
-                "fps": request.fps}
+        """The request's frame source as `decode_source` takes it (a video_path is checked against
+        the roots, opened and sniffed there, on the media thread: proxy/media_file.py)."""
+        return {"video_path": request.video_path, "media_roots": self.settings.proxy.allowed_media_roots,
+                "frames": request.frames, "frames_npy": request.frames_npy, "fps": request.fps}
 
     @staticmethod
     def _check_token_budget(cfg: BackendConfig, sampling: SamplingConfig, frames: EncodedFrames,

@@ -1,31 +1,35 @@
 """Where an episode's frames come from: a video file under an allowed root, base64 images, or a
-base64 .npy array — decoded once, only at the indices wanted, as RGB uint8 arrays.
+base64 .npy array — decoded once, only at the indices wanted, each brought to the sizes it is sent
+at as it is decoded (proxy/frame_plan.py), within the request's budget (proxy/media_budget.py).
 
-`decode_source` takes a `wanted_for(frame count) -> indices` rule instead of a frame count, so
-one pass serves one sampled episode (/score) and the union of many prefixes (/score/dense).
-Blocking CPU work: callers run it in a worker thread.
+`decode_source` takes an `episodes_for(frame count) -> episodes` rule instead of a frame count, so
+one pass serves one sampled episode (/score) and every prefix of a curve (/score/dense).
+Blocking CPU and file work: callers run it on the media executor.
 """
 
 from __future__ import annotations
 
 import binascii
 import io
-import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pybase64  # SIMD base64, the decoder vLLM uses: 3.2 MB in 0.14 ms vs 6.5 ms
 
-from proxy.errors import InvalidRequest, MediaDecodeError, MediaForbidden, MediaNotFound
+from proxy.decoded import DecodedSource, decode_rgb
+from proxy.errors import InvalidRequest, MediaDecodeError, MediaFormatRefused
+from proxy.frame_plan import Episodes, Size, target_sizes
+from proxy.media_budget import DecodeBudget
+from proxy.media_file import describe_bytes, open_video, sniff_image
 from proxy.npy import NpyError, read_uint8
 from proxy.parts import part_bytes
+from proxy.video import read_video
 from vlm_protocol.multipart import PART_PREFIX
 
-__all__ = ["DecodedSource", "FrameLimits", "decode_source", "prefix_count", "resolve_media_path"]
+__all__ = ["DecodedSource", "FrameLimits", "decode_source", "prefix_count"]
 
 SOURCE_FIELDS = ("video_path", "frames", "frames_npy")
 _EXIF_ORIENTATION = 0x0112  # 1 = as stored; anything else, OpenCV rotates on decoding
@@ -46,32 +50,6 @@ class FrameLimits:
     max_source_pixels: int
 
 
-@dataclass
-class DecodedSource:
-    """One source's frames at the wanted indices (every prefix of a dense curve reads here).
-
-    Inline RGB JPEGs are kept as their own bytes and decoded only if they must be resized: a frame
-    already at the size the backend wants is forwarded as it came (no decode, no re-encode)."""
-
-    frames: dict[int, np.ndarray]  # decoded RGB
-    count: int  # frames in the whole source (decoded, not what a container claimed)
-    fps: float  # the source rate (the container's, the request's, or the default)
-    field: str  # the request field they came from, for errors
-    load_ms: float
-    jpegs: dict[tuple[int, int, int], bytes] = field(default_factory=dict)  # (index, h, w) → JPEG, reused
-    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)  # (h, w) of every wanted frame
-
-    def __contains__(self, index: int) -> bool:
-        return index in self.sizes
-
-    def take(self, indices: list[int]) -> list[np.ndarray]:
-        """Decoded frames (a kept JPEG is decoded now, once)."""
-        for i in indices:
-            if i not in self.frames:
-                self.frames[i] = _decode_rgb(self.jpegs[(i, *self.sizes[i])], i)
-        return [self.frames[i] for i in indices]
-
-
 def prefix_count(count: int, prefix_end: int | None) -> int:
     """Frames an episode has when it is cut after source frame `prefix_end` (None: all)."""
     if prefix_end is None:
@@ -82,113 +60,48 @@ def prefix_count(count: int, prefix_end: int | None) -> int:
     return prefix_end + 1
 
 
-def resolve_media_path(video_path: str, allowed_roots: list[Path]) -> Path:
-    """The real file behind `video_path`, only if it lies under an allowed root (symlinks resolved)."""
-    if not allowed_roots:
-        raise MediaForbidden("video_path is disabled: proxy.allowed_media_roots is empty",
-                             field="video_path")
-    if "\x00" in video_path:
-        raise InvalidRequest("video_path holds a NUL character", field="video_path")
-    raw = Path(video_path)
-    if not raw.is_absolute():
-        raise InvalidRequest("video_path must be an absolute path", field="video_path")
-    try:
-        resolved = raw.resolve()
-    except (OSError, RuntimeError) as err:  # symlink loop, name too long, ...
-        raise MediaNotFound(f"video_path cannot be resolved: {type(err).__name__}", field="video_path") from err
-    if not any(resolved.is_relative_to(root.resolve()) for root in allowed_roots):
-        # Say nothing about whether the file exists: that would leak the filesystem.
-        raise MediaForbidden("video_path is outside proxy.allowed_media_roots", field="video_path")
-    try:
-        is_file = resolved.is_file()
-    except OSError:
-        is_file = False
-    if not is_file:
-        raise MediaNotFound(f"video_path {video_path!r} does not exist or is not a file",
-                            field="video_path")
-    return resolved
-
-
-def decode_source(limits: FrameLimits, wanted_for: Callable[[int], list[int]], *,
-                  video_path: Path | None = None, frames: list[str] | None = None,
-                  frames_npy: str | None = None, fps: float | None = None) -> DecodedSource:
-    """Decode the frames `wanted_for(count)` names, from the one source given."""
+def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], budget: DecodeBudget, *,
+                  video_path: str | Path | None = None, media_roots: Sequence[Path] = (),
+                  frames: list[str] | None = None, frames_npy: str | None = None,
+                  fps: float | None = None) -> DecodedSource:
+    """Decode the frames `episodes_for(count)` names, from the one source given (a video_path is
+    opened and checked here: proxy/media_file.py)."""
     started = time.perf_counter()
     source_fps = fps or limits.default_source_fps
     if video_path is not None:
-        decoded, count, source_fps = _read_video(video_path, limits, wanted_for)
-        name = "video_path"
+        with open_video(str(video_path), list(media_roots)) as video:
+            source = read_video(video, limits, episodes_for, budget)
     elif frames is not None:
         _check_inline_count(len(frames), "frames", limits)
-        count, name = len(frames), "frames"
-        source = DecodedSource({}, count, source_fps, name, 0.0)
-        for i in wanted_for(count):  # only the kept ones
-            _read_image(frames[i], i, limits, source)
-        source.load_ms = (time.perf_counter() - started) * 1e3
-        return source
+        budget.field = "frames"
+        source = DecodedSource(len(frames), source_fps, "frames")
+        sizes_of = _sizes_by_shape(limits, episodes_for(len(frames)), "frames")
+        for i in sorted({i for episode in sizes_of.episodes for i in episode}):  # only the kept ones
+            _read_image(frames[i], i, limits, source, sizes_of, budget)
     elif frames_npy is not None:
         array = _load_npy(frames_npy, limits)
         _check_inline_count(array.shape[0], "frames_npy", limits)
-        count, name = array.shape[0], "frames_npy"
-        decoded = {i: array[i] for i in wanted_for(count)}
+        source = DecodedSource(array.shape[0], source_fps, "frames_npy")
+        for i in {i for episode in episodes_for(array.shape[0]) for i in episode}:
+            # Views of the request body (already bounded by proxy.max_body_mb): resized when encoded.
+            source.source_frames[i], source.sizes[i] = array[i], array.shape[1:3]
     else:
         raise InvalidRequest("no frame source given", field="video_path")
-    return DecodedSource(frames=decoded, count=count, fps=source_fps, field=name,
-                         load_ms=(time.perf_counter() - started) * 1e3,
-                         sizes={i: f.shape[:2] for i, f in decoded.items()})
+    source.load_ms = (time.perf_counter() - started) * 1e3
+    return source
 
 
-def _read_video(path: Path, limits: FrameLimits, wanted_for: Callable[[int], list[int]]
-                ) -> tuple[dict[int, np.ndarray], int, float]:
-    capture = cv2.VideoCapture(str(path))
-    try:
-        if not capture.isOpened():
-            raise MediaDecodeError(f"cannot open {path.name} as a video", field="video_path")
-        width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
-        height = int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        if width * height > limits.max_source_pixels:
-            raise MediaDecodeError(f"video frames are {width}x{height}, over the "
-                                   f"{limits.max_source_pixels}-pixel cap", field="video_path")
-        fps = capture.get(cv2.CAP_PROP_FPS)
-        reported = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
-        wanted = _wanted_if_valid(wanted_for, reported) if reported > 0 else None
-        frames, decoded = _grab_at(capture, wanted)
-    finally:
-        capture.release()
-    if decoded == 0:
-        raise MediaDecodeError(f"{path.name} has no decodable frames", field="video_path")
-    if decoded != reported or wanted is None:
-        # Container metadata lied (common for truncated files): pick again over what exists.
-        capture = cv2.VideoCapture(str(path))
-        try:
-            frames, decoded = _grab_at(capture, wanted_for(decoded))
-        finally:
-            capture.release()
-    source_fps = fps if fps and math.isfinite(fps) and fps > 0 else limits.default_source_fps
-    return frames, decoded, source_fps
+class _sizes_by_shape:  # noqa: N801 - a memo used like a function
+    """The sizes each index is sent at, for images of a given shape (images may differ in size)."""
 
+    def __init__(self, limits: FrameLimits, episodes: Episodes, field: str) -> None:
+        self.limits, self.episodes, self.field = limits, episodes, field
+        self._memo: dict[Size, dict[int, set[Size]]] = {}
 
-def _wanted_if_valid(wanted_for: Callable[[int], list[int]], reported: int) -> list[int] | None:
-    """The pick over the container's frame count; None when that count cannot satisfy the request
-    (a prefix past it): the decoded count, not the container's claim, decides that error."""
-    try:
-        return wanted_for(reported)
-    except InvalidRequest:
-        return None
-
-
-def _grab_at(capture, wanted: list[int] | None) -> tuple[dict[int, np.ndarray], int]:
-    """Decode sequentially, converting only wanted frames; returns ({index: frame}, total)."""
-    wanted_set = set(wanted or ())
-    frames: dict[int, np.ndarray] = {}
-    index = 0
-    while capture.grab():
-        if index in wanted_set:
-            ok, bgr = capture.retrieve()
-            if ok:
-                frames[index] = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-        index += 1
-    return frames, index
+    def __call__(self, index: int, shape: Size) -> set[Size]:
+        if shape not in self._memo:
+            self._memo[shape] = target_sizes(self.limits, self.episodes, *shape, self.field)
+        return self._memo[shape].get(index, set())
 
 
 def _b64decode(data: str, field: str) -> bytes:
@@ -202,32 +115,39 @@ def _b64decode(data: str, field: str) -> bytes:
         raise MediaDecodeError(f"{field} is not valid base64", field=field) from err
 
 
-def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSource) -> None:
-    """One inline image into `into`: an RGB JPEG kept as its bytes (decoded only if it must be
-    resized), anything else decoded now. The header is read first, so a decompression bomb is
-    refused before it is decoded."""
-    raw = _b64decode(data, f"frames[{position}]")
+def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSource,
+                sizes_of: _sizes_by_shape, budget: DecodeBudget) -> None:
+    """One inline image into `into` at the sizes it is sent: an RGB JPEG already at a sent size is
+    kept as its bytes (forwarded as it came); other sizes are made from one decode, now. Only JPEG
+    and PNG are read, and the header first, so a decompression bomb is refused before decoding."""
+    field = f"frames[{position}]"
+    raw = _b64decode(data, field)
+    if sniff_image(raw[:16]) is None:
+        detected = describe_bytes(raw[:64])
+        raise MediaFormatRefused(f"{field} is not a PNG/JPEG image: its content is {detected}", field=field,
+                                 detected=detected)
     try:
         from PIL import Image
 
-        with Image.open(io.BytesIO(raw)) as probe:
+        with Image.open(io.BytesIO(raw), formats=["JPEG", "PNG"]) as probe:
             (width, height) = probe.size
             forwardable = probe.format == "JPEG" and probe.mode == "RGB" and _upright(probe)
     except Exception as err:  # noqa: BLE001 - any PIL failure means "not an image we can read"
-        raise MediaDecodeError(f"frames[{position}] is not a PNG/JPEG image",
-                               field=f"frames[{position}]") from err
+        raise MediaDecodeError(f"{field} is not a PNG/JPEG image", field=field) from err
     if width * height > limits.max_source_pixels:
-        raise MediaDecodeError(f"frames[{position}] is {width}x{height}, over the "
-                               f"{limits.max_source_pixels}-pixel cap", field=f"frames[{position}]")
+        raise MediaDecodeError(f"{field} is {width}x{height}, over the "
+                               f"{limits.max_source_pixels}-pixel cap", field=field)
+    wanted = sizes_of(position, (height, width))
     # A cut JPEG (no end-of-image marker) is decoded here and fails as this request's own error;
     # other damage inside one surfaces as vLLM's 400, a rejected request (tests/real_vllm).
     if forwardable and raw.rstrip(b"\x00").endswith(b"\xff\xd9"):
         into.sizes[position] = (height, width)  # forwardable: vLLM decodes these bytes to these pixels
         into.jpegs[(position, height, width)] = raw
-    else:
-        frame = _decode_rgb(raw, position)  # OpenCV applies an EXIF rotation: its shape is the truth
-        into.sizes[position] = frame.shape[:2]
-        into.frames[position] = frame
+        if wanted <= {(height, width)}:
+            return
+    budget.hold_source(2 * 3 * width * height)  # the BGR decode and its RGB copy
+    frame = decode_rgb(raw, position)  # OpenCV applies an EXIF rotation: its shape is the truth
+    into.keep(position, frame, sizes_of(position, frame.shape[:2]), budget)
 
 
 def _upright(jpeg) -> bool:
@@ -236,13 +156,6 @@ def _upright(jpeg) -> bool:
         return jpeg.getexif().get(_EXIF_ORIENTATION, 1) == 1
     except Exception:  # noqa: BLE001 - unreadable EXIF: decode it here rather than forward it
         return False
-
-
-def _decode_rgb(raw: bytes, position: int) -> np.ndarray:
-    bgr = cv2.imdecode(np.frombuffer(raw, dtype=np.uint8), cv2.IMREAD_COLOR)
-    if bgr is None:
-        raise MediaDecodeError(f"frames[{position}] is not a PNG/JPEG image", field=f"frames[{position}]")
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
 def _load_npy(data: str, limits: FrameLimits) -> np.ndarray:

@@ -86,7 +86,13 @@ class UpstreamStream:
             yield chunk
 
     async def aclose(self) -> None:
-        self._response.close()  # not released to the pool: an unfinished body leaves it unusable
+        # A body read to its end leaves the connection reusable: back to the pool (aiohttp does
+        # so at EOF already; release() says it). An unfinished one (the client left, an error)
+        # would hand the next call the rest of this body: closed.
+        if self._response.content.is_eof():
+            self._response.release()
+        else:
+            self._response.close()
 
 
 def _error_info(answer: UpstreamAnswer) -> tuple[str, str | None]:
@@ -159,8 +165,11 @@ class UpstreamClient:
                 content = await response.read()
             return UpstreamAnswer(response.status, response.headers, content)
         except TimeoutError as err:  # asyncio's deadline, or aiohttp's connect / read timeouts
-            raise UpstreamTimeout(f"{endpoint.base_url} did not answer within {timeout_s:.1f}s",
-                                  endpoint=endpoint.base_url) from err
+            timeout = UpstreamTimeout(f"{endpoint.base_url} did not answer within {timeout_s:.1f}s",
+                                      endpoint=endpoint.base_url)
+            # No connection within CONNECT_TIMEOUT_S, shorter than this call's limit: the replica's.
+            timeout.at_limit = not (isinstance(err, aiohttp.ConnectionTimeoutError) and timeout_s > CONNECT_TIMEOUT_S)
+            raise timeout from err
         except aiohttp.ClientPayloadError as err:
             if isinstance(err.__cause__, aiohttp.http_exceptions.ContentEncodingError):
                 raise UpstreamProtocolError(f"{endpoint.base_url} sent an undecodable body: {err}",

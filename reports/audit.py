@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.audit_lines import audit_records
+from reports.audit_lines import audit_files, audit_records
 from reports.by_task import ByTask
 from reports.progress_quality import ProgressLog
 
@@ -240,9 +240,10 @@ def episode_key(episode_id: Any, task_text: Any) -> int:
 
 
 def read_audit_log(path: str | Path, *, worst_k: int = 8) -> AuditSummary:
-    """Stream the log (plain or .gz). Raises FileNotFoundError / ValueError (empty) with a clear message."""
+    """Stream the log (plain or .gz; its rotated files first). Raises FileNotFoundError / ValueError
+    (empty) with a clear message."""
     path = Path(path)
-    if not path.is_file():
+    if not audit_files(path):  # the current file, or only rotated ones (just rotated)
         raise FileNotFoundError(f"{path}: no such audit log")
     summary = AuditSummary(path, worst_k)
     for number, record, why in audit_records(path):

@@ -26,10 +26,19 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("media_not_found", 422, False, "video_path does not exist"),
     ErrorCode("media_forbidden", 403, False, "video_path is outside proxy.allowed_media_roots"),
     ErrorCode("media_decode_error", 422, False, "a video, image or npy that cannot be decoded"),
+    ErrorCode("media_format_refused", 422, False,
+              "a file whose content is not a documented format (MP4/MOV, AVI, MKV/WebM; JPEG, PNG); "
+              "`detected` names what it is"),
+    ErrorCode("media_budget_exceeded", 413, False,
+              "decoding the media would pass a per-request cap (proxy.max_decoded_mb, max_video_frames, "
+              "max_video_seconds); `limit` names it"),
     ErrorCode("template_variable", 422, False, "a variable the prompt template needs is missing"),
     ErrorCode("token_budget", 422, False, "prompt + max_tokens would exceed the model's context"),
     ErrorCode("unauthorized", 401, False, "missing or wrong bearer token"),
-    ErrorCode("admin_disabled", 403, False, "the admin routes need proxy.api_key_env (a bearer token)"),
+    ErrorCode("admin_disabled", 403, False,
+              "the admin routes (what the proxy trusts or pays) need proxy.admin_api_key_env (an admin key)"),
+    ErrorCode("admin_key_required", 403, False, "the scoring key sent to an admin route (it takes only the admin key)"),
+    ErrorCode("endpoint_host_forbidden", 403, False, "an endpoint whose host is not in proxy.admin_endpoint_hosts"),
     ErrorCode("unknown_backend", 404, False, "no backend of that name; the message lists them"),
     ErrorCode("not_found", 404, False, "no such route"),
     ErrorCode("method_not_allowed", 405, False, "the route exists, the method does not"),
@@ -53,6 +62,8 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("reference_mismatch", 409, False,
               "stored references of the task have another dimension than the model's embeddings"),
     ErrorCode("reference_store_full", 409, False, "the task already holds reference_store.max_demonstrations"),
+    ErrorCode("reference_keys_full", 409, False,
+              "the reference store holds reference_store.max_keys (namespace, task) keys: no new one is added"),
 )}
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from proxy.errors import ConfigError
-from reports.audit_lines import audit_records
+from reports.audit_lines import audit_files, audit_records
 from vlm_protocol.frame_store import frame_path
 from vlm_protocol.wire import SCORE_PATH
 
@@ -192,7 +192,7 @@ class _Progress:
 
 def _run(args: argparse.Namespace) -> int:
     audit, out = Path(args.audit), Path(args.out)
-    if not audit.is_file():
+    if not audit_files(audit):  # the file, or its rotated parts (reports/audit_lines.py)
         raise ConfigError(f"audit log {audit} does not exist")
     if out.exists() and not args.force:
         raise ConfigError(f"{out} exists; choose another --out or pass --force to append to it")

@@ -86,18 +86,18 @@ def test_body_just_under_the_cap_is_parsed(env):
 
 
 # -- inline media ----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("frames", "field", "mentions"), [
-    (["not base64!!"], "frames[0]", "base64"),
-    (["aGVsbG8="], "frames[0]", "PNG/JPEG"),
-    (["data:image/png;base64,%%%"], "frames[0]", "base64"),
-    ([TINY_PNG, "aGVsbG8="], "frames[1]", "PNG/JPEG"),
-    ([_png_header(5000, 5000)], "frames[0]", "pixel cap"),
-    ([_png_header(2**31 - 1, 2**31 - 1)], "frames[0]", None),
-    ([images_b64(episode_frames(1, 2, 600))[0]], "frames", "aspect ratio"),
+@pytest.mark.parametrize(("frames", "field", "mentions", "code"), [
+    (["not base64!!"], "frames[0]", "base64", "media_decode_error"),
+    (["aGVsbG8="], "frames[0]", "PNG/JPEG", "media_format_refused"),  # "hello": refused by content
+    (["data:image/png;base64,%%%"], "frames[0]", "base64", "media_decode_error"),
+    ([TINY_PNG, "aGVsbG8="], "frames[1]", "PNG/JPEG", "media_format_refused"),
+    ([_png_header(5000, 5000)], "frames[0]", "pixel cap", "media_decode_error"),
+    ([_png_header(2**31 - 1, 2**31 - 1)], "frames[0]", None, "media_decode_error"),
+    ([images_b64(episode_frames(1, 2, 600))[0]], "frames", "aspect ratio", "media_decode_error"),
 ])
-def test_bad_inline_images(env, frames, field, mentions):
+def test_bad_inline_images(env, frames, field, mentions, code):
     expect(env.post(json={"task_text": "t", "frames": frames}, label=f"frames {field} {mentions}"),
-           422, "media_decode_error", field, mentions)
+           422, code, field, mentions)
 
 
 @pytest.mark.parametrize(("npy", "mentions"), [

@@ -41,12 +41,13 @@ def test_relative_path_is_refused(client):
     expect(client.post("/score", json={"task_text": "t", "video_path": "episode.mp4"}), 422, field="video_path")
 
 
-@pytest.mark.parametrize("content", [b"", b"not a video at all" * 100, b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 500])
-def test_corrupt_or_empty_video(client, media_root, content):
+@pytest.mark.parametrize(("content", "code"), [
+    (b"", "media_format_refused"), (b"not a video at all" * 100, "media_format_refused"),  # by content
+    (b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 500, "media_decode_error")])  # looks like an MP4, does not decode
+def test_corrupt_or_empty_video(client, media_root, content, code):
     path = media_root / "broken.mp4"
     path.write_bytes(content)
-    expect(client.post("/score", json={"task_text": "t", "video_path": str(path)}), 422, "media_decode_error",
-           "video_path")
+    expect(client.post("/score", json={"task_text": "t", "video_path": str(path)}), 422, code, "video_path")
 
 
 def test_truncated_mp4_scores_what_it_holds_or_fails_clearly(client, media_root):

@@ -193,6 +193,7 @@ def test_the_hook_sends_ground_truth_and_ids_that_reach_the_audit_log_not_the_mo
         env.chunk_step(8)  # env 0 ends at step 3 and env 2 at 5 (success), env 1 at 8 (truncated)
     finally:
         env.vlm_reward.close()
+    proxy.flush_audit()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     got = sorted((m["env"], m["episode_id"], m["env_success"], m["step"], m["task_id"], m["run"])
                  for m in (line["metadata"] for line in lines))

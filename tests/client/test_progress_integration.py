@@ -77,6 +77,7 @@ def test_run_d_pays_srpo_progress_through_the_real_proxy_and_the_report_reads_it
         env.task_ids = np.asarray(TASKS)
         env.reset()
         rewards, _, _, infos = env.chunk_step(STEPS)
+    run_d_proxy.flush_audit()
     lines = [json.loads(line) for line in run_d_proxy.audit_path.read_text().splitlines()]
     by_env = {line["metadata"]["env"]: line for line in lines}
     paid_progress = [by_env[e]["progress"] for e in (1, 2, 3)]
@@ -104,6 +105,7 @@ def test_run_d_pays_srpo_progress_through_the_real_proxy_and_the_report_reads_it
     assert {line["metadata"]["run"] for line in lines} == {"runD_srpo"}
 
     # and the report measures them apart from scores
+    run_d_proxy.flush_audit()
     summary = read_audit_log(run_d_proxy.audit_path)
     assert summary.backends() == [] and summary.progress.backends() == ["embed"]
     task0 = progress_numbers(summary.progress.groups[("embed", "0")])

@@ -69,6 +69,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+    peer: Any = None  # the caller's (host, port): which TCP connection carried the request
 
 
 @dataclass
@@ -207,7 +208,7 @@ class FakeVLLM:
             return None
         state.chat_count += 1
         if cfg.record:
-            state.requests.append(RecordedRequest("POST", path, headers, body))
+            state.requests.append(RecordedRequest("POST", path, headers, body, writer.get_extra_info("peername")))
         refusal = _validate_like_vllm(body, cfg)
         if refusal is not None:
             status, payload = refusal
@@ -286,7 +287,7 @@ class FakeVLLM:
         completion = _completion(body, cfg, texts, action.get("finish_reason", "stop"))
         if body.get("stream"):
             await _send_sse(writer, completion, action.get("word_delay_s", 0.0))
-            return False
+            return True
         await _send_json(writer, 200, completion)
         return True
 
@@ -303,6 +304,28 @@ class FakeVLLM:
                 await asyncio.sleep(cfg.latency_base_s + cfg.latency_per_seq_s * state.running)
             finally:
                 state.running -= 1
+
+    async def settle(self) -> None:
+        """After `serve` ended: end every task left on the loop without leaving a socket open.
+
+        A connection the kernel accepted as the server closed sits in asyncio's
+        `_accept_connection2` task; cancelled before its first step (CPython 3.11), its socket is
+        never wrapped in a transport and never closed: the "unclosed socket" warning a later test
+        would collect. So those tasks run to their end first (each then registers its writer in
+        `_accept`), and only then are the handlers cancelled and every writer closed."""
+        me = asyncio.current_task()
+        accepting = [t for t in asyncio.all_tasks() if t is not me and not t.done()
+                     and t.get_coro().__qualname__.endswith("_accept_connection2")]
+        if accepting:
+            await asyncio.wait(accepting, timeout=5)
+        for writer in list(self._writers):
+            writer.close()
+        pending = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        writers = list(self._writers)
+        await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
 
     async def serve(self, host: str, port: int, ready: Callable[[int], None] | None = None):
         server = await asyncio.start_server(self._accept, host, port, limit=2**26)
@@ -453,23 +476,28 @@ async def _send_json(writer, status: int, obj: Any, extra: dict | None = None) -
 
 
 async def _send_sse(writer, completion: dict, word_delay_s: float = 0.0) -> None:
-    """Stream the reply word by word as vLLM does, then [DONE]; connection-delimited."""
-    writer.write(_head(200, None, "text/event-stream", {"connection": "close"}))
+    """Stream the reply word by word as vLLM does, then [DONE]; chunked and kept alive, as
+    vLLM's uvicorn sends it (so a client can reuse the connection once the stream ended)."""
+    writer.write(_head(200, None, "text/event-stream", {"transfer-encoding": "chunked"}))
+
+    def chunk(data: bytes) -> bytes:
+        return f"{len(data):x}".encode() + CRLF + data + CRLF
+
     text = completion["choices"][0]["message"]["content"]
     words = text.split(" ")
     for i, word in enumerate(words):
         delta = {"content": word + (" " if i < len(words) - 1 else "")}
-        chunk = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+        event = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
                  "model": completion["model"],
                  "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        writer.write(chunk(f"data: {json.dumps(event)}\n\n".encode()))
         await writer.drain()
         if word_delay_s:
             await asyncio.sleep(word_delay_s)
     final = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
              "model": completion["model"],
              "choices": [{"index": 0, "delta": {}, "finish_reason": completion["choices"][0]["finish_reason"]}]}
-    writer.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+    writer.write(chunk(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode()) + b"0" + CRLF + CRLF)
     await writer.drain()
 
 
@@ -497,10 +525,7 @@ class FakeVLLMThread:
         except asyncio.CancelledError:
             pass
         finally:
-            pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(self.fake.settle())
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 

@@ -38,6 +38,11 @@ class ProxyServerThread:
         self.server.should_exit = True
         self._thread.join(15)
 
+    def flush_audit(self) -> None:
+        """Return once every audit line queued so far is in the file (the writer thread is done with
+        it): a test reading the log right after its requests reads them all, deterministically."""
+        self.app.state.audit.flush()
+
     def __enter__(self) -> ProxyServerThread:
         return self.start()
 

@@ -18,7 +18,7 @@ import httpx
 
 from tests.fakes.processes import metric_sum, metrics, wait_circuits_closed
 from tests.faults.common import BACKEND, EPISODE, STATUS_OF, UPSTREAM_CODES, one_backend, outcome
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 
 async def test_fake_killed_mid_request_and_restarted_on_the_same_port(fake_proc, proxy_thread, media_root):
@@ -140,6 +140,9 @@ async def test_mid_batch_kill_and_restart_with_the_proxy_as_a_subprocess(fake_pr
     calls = {dict(labels)["result"]: v for (name, labels), v in values.items()
              if name == "vlm_proxy_upstream_calls_total"}
     assert calls.get("ok") == tally["ok"] and set(calls) <= {"ok", *UPSTREAM_CODES}
+    # the writer thread's count (a subprocess: no flush() to call), then the file
+    wait_until(lambda: httpx.get(proxy.url + "/health", trust_env=False).json()["audit"]["written"] == count,
+               10, "every audit line written")
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert len(lines) == count  # one line per episode, whatever happened to it
     by_task = {line["task_text"]: line for line in lines}
@@ -212,6 +215,7 @@ async def test_kill_during_a_score_batch(fake_proc, proxy_thread, media_root, tm
     for code in set(codes):
         assert metric_sum(values, "vlm_proxy_episodes_total", outcome=code) == codes.count(code)
     assert metric_sum(values, "vlm_proxy_in_flight") == 0
+    proxy.flush_audit()
     lines = {json.loads(line)["task_text"]: json.loads(line) for line in audit.read_text().splitlines()}
     assert len(lines) == 24
     for i, code in enumerate(codes):

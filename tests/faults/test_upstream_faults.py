@@ -129,6 +129,7 @@ def test_broken_replies_every_time_end_in_an_explicit_error(fake_proc, proxy_thr
     values = metrics(None, proxy.url)
     assert metric_sum(values, "vlm_proxy_upstream_calls_total", result=code) == 4
     assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome=code) == 1
+    proxy.flush_audit()
     assert json.loads(audit.read_text())["error"]["code"] == code
     assert outcome(_post(proxy)) == "ok"  # and the next episode is fine
 
@@ -163,6 +164,7 @@ def test_a_reply_without_a_score_is_unparseable_never_zero(fake_proc, proxy_thre
     values = metrics(None, proxy.url)
     assert metric_sum(values, "vlm_proxy_parse_failures_total") == 2
     assert metric_sum(values, "vlm_proxy_requests_total", route="/score", outcome="unparseable_score") == 1
+    proxy.flush_audit()
     line = json.loads(audit.read_text())
     assert line["error"]["code"] == "unparseable_score" and "score" not in line
     assert line["output_text"] == reply and line["finish_reason"] == finish_reason  # what the model said

@@ -33,7 +33,8 @@ from tests.launchers.conftest import (
 
 pytestmark = pytest.mark.slow
 
-KEYS = {"QWEN_KEY": "qwen-secret", "PRIMO_KEY": "primo-secret", "PROXY_KEY": "proxy-secret"}
+KEYS = {"QWEN_KEY": "qwen-secret", "PRIMO_KEY": "primo-secret", "PROXY_KEY": "proxy-secret",
+        "PROXY_ADMIN_KEY": "proxy-admin-secret"}  # `up --ray` registers replicas with the admin key
 EPISODE = {"task_text": "put the bowl on the plate", "frames_npy": npy_b64(episode_frames(4, 64, 64)), "fps": 4.0}
 
 
@@ -61,6 +62,7 @@ def ray_config(tmp_path: Path, fake: FakeVllmEnv, *, qwen_tp: int = 2, primo_tp:
                         primo_replicas=[{"gpus": list(range(primo_tp)), "port": p} for p in (p1, p2)[:primo_replicas]],
                         qwen_launch={"env": node_env}, primo_launch={"env": node_env})
     data["proxy"]["api_key_env"] = "PROXY_KEY"
+    data["proxy"]["admin_api_key_env"] = "PROXY_ADMIN_KEY"
     data["backends"]["qwen2_5_vl_vllm"]["api_key_env"] = "QWEN_KEY"
     data["backends"]["PRIMO-R1"]["api_key_env"] = "PRIMO_KEY"
     return write_config(tmp_path / "stack.yaml", data), proxy_port
@@ -140,7 +142,7 @@ def test_up_ray_places_serves_restarts_and_leaves_nothing(cluster, reaper, fake_
 
     primo = [p for p in placed if p["backend"] == "PRIMO-R1"]
     with httpx.Client(base_url=f"http://127.0.0.1:{proxy_port}", timeout=30, trust_env=False,
-                      headers={"authorization": f"Bearer {KEYS['PROXY_KEY']}"}) as http:
+                      headers={"authorization": f"Bearer {KEYS['PROXY_ADMIN_KEY']}"}) as http:
         assert sorted(admin_urls(http, "PRIMO-R1")) == sorted(p["url"] for p in primo)
         assert admin_urls(http, "qwen2_5_vl_vllm") == [qwen["url"]]
         first = score(http)
@@ -172,7 +174,7 @@ def test_a_replica_past_its_restarts_leaves_the_proxy(cluster, reaper, fake_vllm
     os.kill(victim["pid"], signal.SIGKILL)
     wait_for_line(out, popen, f"removed: {victim['name']} after 0 restart(s)")
     with httpx.Client(base_url=f"http://127.0.0.1:{proxy_port}", timeout=30, trust_env=False,
-                      headers={"authorization": f"Bearer {KEYS['PROXY_KEY']}"}) as http:
+                      headers={"authorization": f"Bearer {KEYS['PROXY_ADMIN_KEY']}"}) as http:
         assert victim["url"] not in admin_urls(http, "PRIMO-R1")
         assert score(http).status_code == 200
     popen.send_signal(signal.SIGTERM)
@@ -192,7 +194,7 @@ def test_a_replica_that_cannot_restart_is_removed_and_the_rest_serve(cluster, re
     os.kill(victim["pid"], signal.SIGKILL)
     wait_for_line(out, popen, f"removed: {victim['name']}")
     with httpx.Client(base_url=f"http://127.0.0.1:{proxy_port}", timeout=30, trust_env=False,
-                      headers={"authorization": f"Bearer {KEYS['PROXY_KEY']}"}) as http:
+                      headers={"authorization": f"Bearer {KEYS['PROXY_ADMIN_KEY']}"}) as http:
         wait_until(lambda: victim["url"] not in admin_urls(http, "PRIMO-R1"), 30, "the proxy to drop it")
         assert all(score(http).status_code == 200 for _ in range(3))
     assert popen.poll() is None  # one replica's failure never stops the stack
@@ -237,9 +239,9 @@ def test_up_ray_refuses_servers_without_keys(reaper, fake_vllm_env, tmp_path):
     config, _ = ray_config(tmp_path, fake_vllm_env)
     data = yaml.safe_load(config.read_text())
     del data["backends"]["PRIMO-R1"]["api_key_env"]
-    del data["proxy"]["api_key_env"]
+    del data["proxy"]["admin_api_key_env"]
     write_config(config, data)
     done = reaper.run("up", "--config", str(config), "--ray", "127.0.0.1:1", **KEYS)
     assert done.returncode == 2
     assert "backend PRIMO-R1: servers placed by Ray listen beyond loopback" in done.stderr
-    assert "admin route, which needs a bearer token" in done.stderr  # refused before contacting Ray
+    assert "admin route, which needs the admin key" in done.stderr  # refused before contacting Ray

@@ -1,5 +1,5 @@
 """Debian's chromium, headless, started by the test: a screenshot of a page and its DOM as the
-browser built it. Skips when chromium is absent, unless VLM_REQUIRE_BROWSER=1 (then fails).
+browser built it. Skips when chromium is absent, unless VLM_REQUIRE_BROWSER=1 or CI=true (then fails).
 
 Each run gets its own throwaway profile and process group; whatever happens (a hang included:
 the timeout only bounds it) the whole group is killed before the call returns."""
@@ -22,7 +22,7 @@ HANG_GUARD_S = 120
 
 
 def chromium() -> str:
-    """The browser's path; skips (or fails under VLM_REQUIRE_BROWSER=1) when there is none."""
+    """The browser's path; skips (or fails under VLM_REQUIRE_BROWSER=1 or CI=true) when there is none."""
     for name in NAMES:
         path = shutil.which(name)
         if path:
@@ -30,6 +30,8 @@ def chromium() -> str:
     message = "chromium is not installed (Debian: apt-get install chromium)"
     if os.environ.get("VLM_REQUIRE_BROWSER") == "1":
         pytest.fail(f"VLM_REQUIRE_BROWSER=1 but {message}")
+    if os.environ.get("CI", "").lower() in ("1", "true"):  # CI never skips the page check
+        pytest.fail(f"CI={os.environ['CI']} but {message}")
     pytest.skip(message)
 
 

@@ -64,8 +64,18 @@ def test_the_curves_page_reads_in_a_browser(browser, tmp_path):
 def test_no_browser_skips_unless_it_is_required(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to find there
     monkeypatch.delenv("VLM_REQUIRE_BROWSER", raising=False)
+    monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
         chromium()
     monkeypatch.setenv("VLM_REQUIRE_BROWSER", "1")
     with pytest.raises(pytest.fail.Exception, match="VLM_REQUIRE_BROWSER=1 but chromium is not installed"):
+        chromium()
+
+
+def test_no_browser_fails_in_ci(monkeypatch, tmp_path):
+    """CI (`CI=true`, as GitHub Actions and .ci/run set it) never skips the page check."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("VLM_REQUIRE_BROWSER", raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true but chromium is not installed"):
         chromium()

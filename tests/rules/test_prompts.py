@@ -1,12 +1,13 @@
 """Prompt templates: shipped ones render, variables are checked, edits apply without restart."""
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from proxy.errors import PromptTemplateError, TemplateVariableError
-from proxy.prompts import PromptStore
+from proxy.prompts import PromptStore, parse_template
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = "answer: {tags: [answer], scale: {min: 0, max: 100}}\n"
@@ -89,3 +90,31 @@ def test_rendered_text_has_no_trailing_whitespace(tmp_path):
            + ANSWER)
     system, user = PromptStore(tmp_path).get("t").render({"task_text": "x"})
     assert (system, user) == ("judge", "rate x")
+
+
+async def test_on_the_event_loop_an_edit_is_read_by_a_worker_thread_never_by_the_loop(tmp_path):
+    """On the loop `get` answers from the cache; the file is stat'ed and re-read off the loop
+    (issue 24: no file I/O on the event loop's hot path), and the edit applies once that is done."""
+    path = tmp_path / "t.yaml"
+    _write(path, "variables: {task_text: {}}\nuser: 'v1 ${task_text}'\n" + ANSWER)
+    readers: list[threading.Thread] = []
+
+    def parse(name: str, raw: bytes):
+        readers.append(threading.current_thread())
+        return parse_template(name, raw)
+
+    store = PromptStore(tmp_path, parser=parse, recheck_s=0)
+    first = store.get("t")  # its first use: read at once (start-up reads every configured one)
+    _write(path, "variables: {task_text: {}}\nuser: 'v2 ${task_text}'\n" + ANSWER)
+    assert store.get("t") is first  # the loop did not look at the disk; a check went off the loop
+    await store.settled()
+    second = store.get("t")
+    assert second.render({"task_text": "x"})[1] == "v2 x"
+    assert readers[1] is not threading.main_thread() and readers[1] is not readers[0]
+    await store.settled()  # the check `second` started (nothing changed) is over
+    path.write_text("user: [broken")
+    os.utime(path, ns=(path.stat().st_mtime_ns + 2_000_000_000,) * 2)
+    store.get("t")
+    await store.settled()
+    with pytest.raises(PromptTemplateError, match="not valid YAML"):  # a broken edit is still a clear error
+        store.get("t")

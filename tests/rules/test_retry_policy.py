@@ -104,6 +104,18 @@ async def test_a_budget_ends_retries_before_the_caller_gives_up():
     assert len(seen) < 50 and all(a.timeout_s < 0.3 for a in seen)
 
 
+async def test_an_attempt_knows_whether_the_deadline_or_its_own_timeout_bounds_it():
+    """What decides whether a timeout is held against the replica (proxy.backends.note_failure)."""
+    short_budget = RetryConfig(attempts=1, parse_attempts=1, timeout_s=60, deadline_s=300)
+    send, seen = _scripted(["0.5"])
+    await call_with_retries(short_budget, send, _parse, budget_s=2)
+    assert seen[0].deadline_bound and seen[0].timeout_s < 2  # the caller's budget set the wait
+    own_timeout = RetryConfig(attempts=1, parse_attempts=1, timeout_s=5, deadline_s=300)
+    send, seen = _scripted(["0.5"])
+    await call_with_retries(own_timeout, send, _parse, budget_s=100)
+    assert not seen[0].deadline_bound and seen[0].timeout_s == 5  # the full per-call timeout
+
+
 async def test_a_failure_before_any_upstream_call_is_retryable_and_counts_no_attempt():
     async def never_reaches_vllm(attempt):
         raise UpstreamUnavailable("every endpoint is out of rotation")  # the pool refused: not sent

@@ -153,6 +153,7 @@ def test_batch_items_carry_their_own_metadata_to_the_audit_log(proxy_factory, fa
     with httpx.Client(base_url=proxy.url, timeout=30, trust_env=False) as http:
         results = http.post("/score/batch", json={"items": items}).json()["results"]
     assert [r.get("error", {}).get("field") for r in results] == [None, None, None, "metadata.env_success"]  # per item
+    proxy.flush_audit()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     recorded = sorted((line["task_text"], line["metadata"]) for line in lines)
     assert recorded == [(f"t{i}", {"env_success": i % 2 == 0, "episode_id": i}) for i in range(3)]

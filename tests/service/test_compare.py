@@ -166,6 +166,7 @@ def test_every_comparison_leaves_an_audit_line_and_counts_in_metrics(proxy_facto
         assert http.post("/compare", json={**COMPARISON, "episodes": episodes}).status_code == 200
         assert http.post("/compare", json=COMPARISON).status_code == 502
         metrics = http.get("/metrics").text
+    server.flush_audit()
     labelled, failed = (json.loads(line) for line in audit.read_text().splitlines())
     assert labelled["kind"] == "compare" and labelled["label"] == 1
     assert labelled["metadata"] == [{"episode_id": 7}, None]

@@ -44,6 +44,7 @@ def audit_proxy(proxy_factory, fake_qwen, fake_primo, media_root, tmp_path):
     server = proxy_factory(settings_from_dict(libero_settings_dict(
         [fake_qwen.base_url], [fake_primo.base_url], media_root, audit_log=str(audit), max_batch_items=6)))
     with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as http:
+        http.flush_audit = server.flush_audit  # type: ignore[attr-defined]
         yield http, audit
 
 
@@ -91,6 +92,7 @@ def test_a_video_file_is_decoded_once_and_each_point_leaves_a_dense_audit_line(a
     ends = sample_indices(COUNT, 4)[1:]
     assert [p["frame_index"] for p in result["curve"]] == ends
     assert [p["score"] for p in result["curve"]] == sorted(p["score"] for p in result["curve"])  # progress rises
+    http.flush_audit()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     lines.sort(key=lambda line: line["dense"]["point"])
     assert [(line["kind"], line["dense"]["point"], line["asked"]["prefix_end"]) for line in lines] == [

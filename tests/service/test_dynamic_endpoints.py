@@ -1,7 +1,7 @@
 """Endpoints added and removed at run time (GET/POST /admin/endpoints), against the real proxy on
 loopback and fake vLLM servers: an added endpoint takes traffic, a removed one drains (its call in
 flight ends 200, new calls go elsewhere, then it is gone everywhere), a backend with none left
-answers 503 at once, the routes need the bearer token, bad input changes nothing, and /metrics
+answers 503 at once, the routes need the admin key, bad input changes nothing, and /metrics
 and /health follow every change."""
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ KEY = "adm1n-t0ken"
 
 @pytest.fixture
 def keyed_proxy(monkeypatch, proxy_factory, fake_primo, media_root):
-    """A proxy with proxy.api_key_env set, its qwen backend on the given endpoints."""
-    monkeypatch.setenv("PROXY_KEY", KEY)
+    """A proxy with both keys (KEY the admin's, which may also score), its qwen backend on the given endpoints."""
+    monkeypatch.setenv("PROXY_KEY", "sc0ring-t0ken")
+    monkeypatch.setenv("PROXY_ADMIN_KEY", KEY)
 
     def make(qwen_urls: list[str], qwen: dict | None = None):
-        data = libero_settings_dict(qwen_urls, [fake_primo.base_url], media_root, api_key_env="PROXY_KEY")
+        data = libero_settings_dict(qwen_urls, [fake_primo.base_url], media_root, api_key_env="PROXY_KEY",
+                                    admin_api_key_env="PROXY_ADMIN_KEY")
         data["backends"][QWEN].update(qwen or {})
         return proxy_factory(settings_from_dict(data))
 
@@ -146,7 +148,7 @@ def test_no_endpoint_left_is_a_503_at_once_and_one_added_back_serves(keyed_proxy
         assert _metric(http, "vlm_proxy_endpoint_changes_total", backend=QWEN, change="removed") == 1
 
 
-def test_the_admin_routes_need_the_bearer_token(keyed_proxy, fake_qwen, proxy_server):
+def test_the_admin_routes_need_the_admin_key(keyed_proxy, fake_qwen, proxy_server):
     server = keyed_proxy([fake_qwen.base_url])
     for token in (None, "wrong"):
         with _client(server, token) as http:
@@ -155,11 +157,11 @@ def test_the_admin_routes_need_the_bearer_token(keyed_proxy, fake_qwen, proxy_se
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
     with _client(server) as http:
         assert list(_listed(http)) == [fake_qwen.base_url]  # nothing changed
-    with _client(proxy_server, None) as http:  # a proxy without proxy.api_key_env
+    with _client(proxy_server, None) as http:  # a proxy without proxy.admin_api_key_env
         for answer in (http.get("/admin/endpoints"), _change(http, remove=[fake_qwen.base_url])):
             assert answer.status_code == 403, answer.text
             error = answer.json()["error"]
-            assert error["code"] == "admin_disabled" and "admin routes need proxy.api_key_env" in error["message"]
+            assert error["code"] == "admin_disabled" and "proxy.admin_api_key_env" in error["message"]
         assert http.post("/score", json=EPISODE).status_code == 200  # its endpoint still serves
 
 

@@ -28,6 +28,7 @@ class StoreProxy:
     def __init__(self, server, tmp_path) -> None:
         self.store = tmp_path / "frames"
         self.audit_path = tmp_path / "audit.jsonl"
+        self.server = server
         self.http = httpx.Client(base_url=server.url, timeout=30, trust_env=False)
 
     def score(self, backend: str = "qwen2_5_vl_vllm") -> dict:
@@ -36,6 +37,7 @@ class StoreProxy:
         return response.json()
 
     def audit(self) -> list[dict]:
+        self.server.flush_audit()
         return [json.loads(line) for line in self.audit_path.read_text().splitlines()]
 
     def health(self) -> dict:

@@ -22,6 +22,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.checks import CHECKS, is_check_class, load_all_checks
 
 from proxy.config import endpoint_url, settings_from_dict
 from proxy.schemas import IMAGE_FORMAT, MEDIA_PATH_FORMAT, NPY_FORMAT
@@ -83,8 +84,8 @@ def api_document(running_proxy):
     return schemathesis.openapi.from_url(f"{running_proxy.url}/openapi.json")
 
 
-# The shared proxy has no proxy.api_key_env, so there the admin routes answer 403 whatever is sent
-# (and change nothing); they are fuzzed with the token on a proxy of their own below.
+# The shared proxy has no proxy.admin_api_key_env, so there the admin routes answer 403 whatever is sent
+# (and change nothing); they are fuzzed with the admin key on a proxy of their own below.
 ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints", "POST /progress/references"]
 OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /score", "POST /score/batch",
               "POST /score/dense", "POST /compare", "POST /compare/batch",
@@ -142,14 +143,27 @@ def _index(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 and value == int(value)
 
 
+# Every check schemathesis has (`--checks all`): the document's statuses, content types, headers and
+# schemas, valid requests accepted (positive_data_acceptance) and invalid ones refused
+# (negative_data_rejection), so each operation is fuzzed with both kinds of request.
+load_all_checks()
+ALL_CHECKS = [check for check in CHECKS.get_all() if not is_check_class(check)]
+EXAMPLES = 150  # per operation and kind of request, as the issue's `st run --max-examples 150`
+
+
+def _valid_and_invalid(operation):
+    valid = operation.as_strategy().map(_within_the_episode).filter(lambda case: case is not None)
+    return st.one_of(valid, operation.as_strategy(GenerationMode.NEGATIVE))
+
+
 @pytest.mark.parametrize("label", OPERATIONS)
 def test_every_answer_is_what_the_document_says(api_document, label):
     operation = next(op.ok() for op in api_document.get_all_operations() if op.ok().label == label)
 
-    @given(case=operation.as_strategy().map(_within_the_episode).filter(lambda case: case is not None))
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(case=_valid_and_invalid(operation))
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     def fuzz(case):
-        case.call_and_validate()
+        case.call_and_validate(checks=ALL_CHECKS)
 
     fuzz()
 
@@ -165,7 +179,7 @@ def admin_proxy(monkeypatch, proxy_factory, fake_vllm_factory, tmp_path):
     monkeypatch.setenv("ADMIN_FUZZ_KEY", ADMIN_KEY)
     qwen, primo = (f"http://127.0.0.1:{port}/v1" for port in free_ports(2))
     embed = fake_vllm_factory(served_model_name="fake-embed", record=False).base_url  # demonstrations get embedded
-    data = libero_settings_dict([qwen], [primo], tmp_path, health_interval_s=30, api_key_env="ADMIN_FUZZ_KEY")
+    data = libero_settings_dict([qwen], [primo], tmp_path, health_interval_s=30, admin_api_key_env="ADMIN_FUZZ_KEY")
     data["backends"]["embed"] = {"model": "fake-embed", "kind": "embedding", "endpoints": [embed],
                                  "retry": data["backends"]["qwen2_5_vl_vllm"]["retry"]}
     data["proxy"]["reference_store"] = {"dir": str(tmp_path / "references")}
@@ -197,7 +211,7 @@ def test_the_admin_routes_answer_what_the_document_says_with_the_token(api_docum
             if case.meta is not None and case.meta.generation.mode.is_positive:
                 _removable(case, http, admin_proxy)
                 _within_the_episode(case)
-            case.call_and_validate(base_url=admin_proxy.url, headers=token)
+            case.call_and_validate(base_url=admin_proxy.url, headers=token, checks=ALL_CHECKS)
 
         fuzz()
         assert http.get("/health").status_code in (200, 503)  # the proxy outlived it

@@ -54,6 +54,7 @@ def progress_client(proxy_factory, fake_qwen, fake_primo, fake_embed, media_root
     server = proxy_factory(_settings(fake_qwen, fake_primo, fake_embed, media_root, audit_log=str(audit)))
     with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as http:
         http.audit_path = audit  # type: ignore[attr-defined]
+        http.flush_audit = server.flush_audit  # type: ignore[attr-defined]
         yield http
 
 
@@ -105,6 +106,7 @@ def test_a_task_without_successes_gets_no_reference_never_a_number(progress_clie
     assert results[1]["progress"] == 0.5  # one failure: SRPO's normalisation has nothing to spread
     assert results[2]["progress"] is None and results[2]["reference"] is None
     assert answer["summary"]["no_reference"] == 2 and answer["summary"]["tasks"] == 2
+    progress_client.flush_audit()
     lines = [json.loads(line) for line in progress_client.audit_path.read_text().splitlines()]
     assert [line["outcome"] for line in lines if line.get("kind") == "progress"] == [
         "success", "progress", "no_reference", "no_reference"]
@@ -197,8 +199,8 @@ def test_a_bad_frame_fails_its_task_with_the_causes_status(progress_client):
 
 
 def _store_settings(fake_qwen, fake_primo, fake_embed, media_root, tmp_path, monkeypatch, **store):
-    monkeypatch.setenv("PROGRESS_TEST_KEY", "k")
-    return _settings(fake_qwen, fake_primo, fake_embed, media_root, api_key_env="PROGRESS_TEST_KEY",
+    monkeypatch.setenv("PROGRESS_TEST_KEY", "k")  # the admin key (it may also score)
+    return _settings(fake_qwen, fake_primo, fake_embed, media_root, admin_api_key_env="PROGRESS_TEST_KEY",
                      reference_store={"dir": str(tmp_path / "refs"), **store})
 
 
@@ -206,7 +208,7 @@ def _authed(server) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=30, trust_env=False, headers={"authorization": "Bearer k"})
 
 
-def test_adding_demonstrations_needs_the_bearer_token(progress_client):
+def test_adding_demonstrations_needs_the_admin_key(progress_client):
     response = progress_client.post("/progress/references", json={"task_id": 1, "items": [item(None, None, (1, 2, 3))]})
     assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"
 
@@ -275,7 +277,8 @@ def test_stored_vectors_of_another_size_are_a_mismatch_not_a_distance(
 def test_adding_demonstrations_without_a_store_is_refused(proxy_factory, fake_qwen, fake_primo, fake_embed,
                                                           media_root, monkeypatch):
     monkeypatch.setenv("PROGRESS_TEST_KEY", "k")
-    server = proxy_factory(_settings(fake_qwen, fake_primo, fake_embed, media_root, api_key_env="PROGRESS_TEST_KEY"))
+    server = proxy_factory(_settings(fake_qwen, fake_primo, fake_embed, media_root,
+                                     admin_api_key_env="PROGRESS_TEST_KEY"))
     with _authed(server) as http:
         response = http.post("/progress/references", json={"task_id": 1, "items": [item(None, None, (1, 2, 3))]})
         assert response.status_code == 422 and "reference_store" in response.json()["error"]["message"]

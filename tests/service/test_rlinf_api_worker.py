@@ -125,6 +125,7 @@ def test_each_window_leaves_the_audit_line_and_metrics_of_score(proxy_factory, f
     answer = rlinf_post(server.url + "/v1", rlinf_payload("score:qwen2_5_vl_vllm", episode_frames(4, 64, 64),
                                                           metadata={"episode_id": 7}))
     assert rlinf_reward(answer) == 1.0 and answer.json()["vlm_reward"]["asks"] == 2  # re-asked, then scored
+    server.flush_audit()
     line = json.loads(audit.read_text().splitlines()[-1])
     assert (line["task_text"], line["score"], line["asks"]) == (TASK, 0.9, 2)
     assert line["metadata"] == {"episode_id": 7} and len(line["frames"]["sha256"]) == 4

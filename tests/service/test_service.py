@@ -71,6 +71,7 @@ def test_audit_log_has_provenance_and_no_media(proxy_factory, fake_qwen, fake_pr
     fake_qwen.script({"reply": "maybe 40"}, {"reply": "still 40-ish"})
     with httpx.Client(base_url=server.url, timeout=30) as http:
         http.post("/score", json=EPISODE)
+    server.flush_audit()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [("error" in line) for line in lines] == [True, False, True]
     assert lines[0]["error"]["code"] == "upstream_unavailable" and lines[0]["attempts"] == 4
@@ -97,7 +98,9 @@ def test_prompt_edit_applies_without_restart(proxy_factory, fake_qwen, fake_prim
                         "answer: {tags: [score], scale: {min: 0, max: 100}}\n")
         stamp = path.stat().st_mtime_ns + 2_000_000_000
         os.utime(path, ns=(stamp, stamp))
-        after = http.post("/score", json=EPISODE).json()["prompt"]["sha256"]
+        # the file is checked off the event loop, so the edit applies once that check has run
+        after = wait_until(lambda: (sha := http.post("/score", json=EPISODE).json()["prompt"]["sha256"]) != before
+                           and sha, 10, "the edited template to be used")
     assert before != after
     assert fake_qwen.chat_requests[-1]["messages"][-1]["content"][-1]["text"].startswith("EDITED t")
 

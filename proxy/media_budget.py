@@ -1,0 +1,142 @@
+"""What one request's media work may hold, and where that work runs.
+
+`DecodeBudget`: the decoded bytes a request holds at once — one source frame in flight plus every
+frame kept at the size it is sent — against `proxy.max_decoded_mb`; the video caps
+(`max_video_frames`, `max_video_seconds`); and the request's cancellation, checked between frames.
+`MediaExecutor`: the app's bounded pool of media threads (`proxy.media_workers`), OpenCV's own
+thread pool off in them. Decoded frames live only inside one of its calls (what leaves is JPEG
+bytes), so the proxy's decoded memory is at most media_workers x max_decoded_mb.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import cv2
+
+from proxy.errors import MediaBudgetExceeded
+
+__all__ = ["DecodeBudget", "DecodeCancelled", "MediaCaps", "MediaExecutor", "default_media_workers"]
+
+T = TypeVar("T")
+MIB = 2**20
+
+
+class DecodeCancelled(Exception):
+    """The request's caller is gone (its task was cancelled): the decode stops at the next frame."""
+
+
+@dataclass(frozen=True)
+class MediaCaps:
+    max_decoded_bytes: int
+    max_video_frames: int
+    max_video_seconds: float
+
+
+@dataclass
+class DecodeBudget:
+    """One request's decoded bytes. Used by one media thread at a time (no lock needed)."""
+
+    caps: MediaCaps
+    field: str = "video_path"  # the request field the frames come from, for errors
+    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    source_bytes: int = 0  # the largest source frame in flight (one at a time)
+    kept_bytes: int = 0  # frames kept at a sent size
+    peak_bytes: int = 0
+
+    @classmethod
+    def unbounded(cls) -> DecodeBudget:
+        """For benches and tools that decode outside a request."""
+        return cls(MediaCaps(max_decoded_bytes=2**62, max_video_frames=2**62, max_video_seconds=float("inf")))
+
+    def check_plan(self, needed_bytes: int) -> None:
+        """Refuse up front what would not fit (before the first frame is decoded)."""
+        if needed_bytes > self.caps.max_decoded_bytes:
+            raise self._over(needed_bytes)
+
+    def hold_source(self, nbytes: int) -> None:
+        """A source frame about to be decoded (one at a time: the largest counts)."""
+        self.checkpoint()
+        if nbytes > self.source_bytes:
+            self.source_bytes = nbytes
+            self._check()
+
+    def keep(self, nbytes: int) -> None:
+        self.kept_bytes += nbytes
+        self._check()
+
+    def release(self, nbytes: int) -> None:
+        self.kept_bytes -= nbytes
+
+    def checkpoint(self) -> None:
+        if self.cancelled.is_set():
+            raise DecodeCancelled
+
+    def check_frames(self, count: int, fps: float | None, *, found: bool) -> None:
+        """A video of `count` frames (a container's claim, or `found` while decoding) within the caps."""
+        how = "has at least" if found else "claims"
+        if count > self.caps.max_video_frames:
+            raise MediaBudgetExceeded(f"the video {how} {count} frames, over proxy.max_video_frames "
+                                      f"({self.caps.max_video_frames})", field=self.field,
+                                      limit="proxy.max_video_frames", needed=count)
+        if fps and count / fps > self.caps.max_video_seconds:
+            seconds = round(count / fps, 3)
+            raise MediaBudgetExceeded(f"the video {how} {seconds} s ({count} frames at {fps:g} fps), over "
+                                      f"proxy.max_video_seconds ({self.caps.max_video_seconds:g})",
+                                      field=self.field, limit="proxy.max_video_seconds", needed=seconds)
+
+    def _check(self) -> None:
+        total = self.source_bytes + self.kept_bytes
+        self.peak_bytes = max(self.peak_bytes, total)
+        if total > self.caps.max_decoded_bytes:
+            raise self._over(total)
+
+    def _over(self, needed_bytes: int) -> MediaBudgetExceeded:
+        budget_mb, needed_mb = self.caps.max_decoded_bytes / MIB, needed_bytes / MIB
+        return MediaBudgetExceeded(
+            f"{self.field}: the request needs {needed_mb:.1f} MiB of decoded frames (a source frame plus every "
+            f"frame at the size sent), over proxy.max_decoded_mb ({budget_mb:g} MiB); send fewer or smaller "
+            "frames (nframes, max_pixels, fewer points)", field=self.field, limit="proxy.max_decoded_mb",
+            needed=round(needed_mb, 1))
+
+
+def default_media_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _one_opencv_thread() -> None:
+    cv2.setNumThreads(1)  # parallelism is the pool's: workers x OpenCV threads would oversubscribe
+
+
+class MediaExecutor:
+    """The app's media threads. `run(fn)` calls `fn(budget)` on one of them; when the awaiting task
+    is cancelled (caller gone, deadline) the budget's flag is set and the decode stops between frames."""
+
+    def __init__(self, workers: int, caps: MediaCaps) -> None:
+        self.caps = caps
+        self.workers = workers
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="media",
+                                                           initializer=_one_opencv_thread)
+
+    async def run(self, fn: Callable[[DecodeBudget], T]) -> T:
+        budget = DecodeBudget(self.caps)
+        # The caller's context goes along (as asyncio.to_thread does): a binary body's parts live in it.
+        context = contextvars.copy_context()
+        future = asyncio.get_running_loop().run_in_executor(self._pool, context.run, fn, budget)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            budget.cancelled.set()
+            raise
+
+    def close(self) -> None:
+        """Waits for running decodes (each stops at its next frame once cancelled)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
