@@ -37,7 +37,7 @@ def alive(pid: int) -> bool:
 def stack_config(*, proxy_port: int, qwen_replicas: list[dict], primo_replicas: list[dict],
                  qwen_endpoints: list[int] | None = None, primo_endpoints: list[int] | None = None,
                  qwen_launch: dict | None = None, primo_launch: dict | None = None,
-                 media_root: str = "/tmp") -> dict:
+                 media_root: str = "/tmp/vlm-reward-media") -> dict:  # the shipped root
     """configs/stack-4gpu.yaml's shape; replicas as [{"gpus": [...], "port": P}, ...]."""
 
     def endpoints(ports: list[int]) -> list[str]:
