@@ -15,7 +15,7 @@ import pytest
 
 from tests.bad_input.common import BASE, expect
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64
-from tests.helpers import read_http_head
+from tests.helpers import read_http_head, wait_until
 
 TINY_PNG = images_b64(episode_frames(1, 8, 8))[0]
 
@@ -130,18 +130,24 @@ def test_required_template_variable_missing(env):
 
 def test_template_edited_to_use_an_undeclared_variable(env, allow_upstream):
     """An operator error, not the client's: documented as 500 prompt_template_invalid, naming the
-    variable, refused before anything is sent; the fixed file applies again at once."""
+    variable, refused before anything is sent; the fixed file applies again. Templates are re-checked
+    off the event loop (prompts: an edit applies within recheck_s), so each edit is waited for."""
     path = env.prompts / "editable.yaml"
     good = path.read_text()
     try:
         path.write_text("variables: {task_text: {}}\nuser: '${task_text} in ${room} <score>?</score>'\n"
         "answer: {tags: [score], scale: {min: 0, max: 100}}\n")
-        error = expect(env.post(json={**BASE, "backend": "editable"}, label="template undeclared"),
-                       500, "prompt_template_invalid", mentions="room")
+        def refused():
+            answer = env.post(json={**BASE, "backend": "editable"}, label="template undeclared")
+            return answer if answer.status_code != 200 else None
+
+        broken = wait_until(refused, 10, "the edited template to apply")
+        error = expect(broken, 500, "prompt_template_invalid", mentions="room")
         assert "undeclared" in error["message"]
     finally:
         path.write_text(good + "\n")  # size changes: the store re-reads it
-    assert env.post(json={**BASE, "backend": "editable"}).status_code == 200
+    wait_until(lambda: env.post(json={**BASE, "backend": "editable"}).status_code == 200, 10,
+               "the fixed template to apply")
 
 
 # -- unicode task text -----------------------------------------------------------------------------
@@ -171,9 +177,10 @@ def test_task_text_over_the_cap_in_code_points(env):
 
 
 def test_lone_surrogate_in_task_text(env):
-    """Valid JSON escapes, invalid Unicode: refused, naming task_text."""
+    """Valid JSON escapes, invalid Unicode: refused by the JSON parser (proxy/json_body.py), naming the
+    body and where in it."""
     body = json.dumps(BASE)[:-1] + ', "backend_kwargs": {}}'
     body = body.replace('"put the bowl on the plate"', '"bowl \\ud800 plate"')
     response = env.post(content=body.encode(), headers={"content-type": "application/json"},
                         label="lone surrogate")
-    expect(response, 422, "invalid_request", "task_text")
+    expect(response, 422, "invalid_request", "body", mentions="line 1 column")

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from launchers.processes import group_members
-from tests.helpers import PROMPTS_DIR, REPO
+from tests.helpers import PROMPTS_DIR, REPO, wait_until
 
 LAUNCHERS = REPO / "launchers"
 SHIPPED_CONFIG = REPO / "configs" / "libero.yaml"
@@ -295,8 +295,18 @@ class AuditLog:
     def by_run(self, run: str) -> list[dict]:
         return self.records(lambda r: (r.get("metadata") or {}).get("run") == run)
 
+    def wait_for(self, run: str, count: int) -> list[dict]:
+        """Run `run`'s audit lines once `count` are there (the proxy, a subprocess, writes them on
+        its writer thread after answering)."""
+        def enough() -> list[dict] | None:
+            found = self.by_run(run)
+            return found if len(found) >= count else None
+
+        return wait_until(enough, 10, f"{count} audit lines of run {run!r} in {self.path}")
+
     def one(self, run: str) -> dict:
-        found = self.by_run(run)
+        # The proxy (a subprocess) writes audit lines on its writer thread: wait for the line.
+        found = wait_until(lambda: self.by_run(run), 10, f"run {run!r}'s audit line in {self.path}")
         assert len(found) == 1, f"audit log {self.path}: {len(found)} lines for run {run!r}"
         return found[0]
 

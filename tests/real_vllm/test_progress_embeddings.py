@@ -74,6 +74,6 @@ def test_progress_on_real_embeddings(real_stack: RealStack, http) -> None:
     say(f"embedding calls: median {statistics.median(upstream_ms):.0f} ms upstream per episode "
         f"(7 concurrent, max {max(upstream_ms):.0f} ms), {tokens[0]} prompt tokens for 8 frames at 112x112, "
         f"dim {vectors.shape[1]}")
-    lines = real_stack.audit.by_run("progress-real")
+    lines = real_stack.audit.wait_for("progress-real", 7)
     assert len(lines) == 7 and all(line["kind"] == "progress" and line["endpoint"] == real_stack.server_url("embed")
                                    + "/v1" for line in lines)

@@ -101,7 +101,7 @@ def test_replica_killed_mid_batch_loses_nothing_and_comes_back(real_stack: RealS
             if not r["ok"] and r["error"]["code"] in ANSWERED:
                 assert r["error"]["output_text"] is not None, r
 
-        records = real_stack.audit.by_run("kill-batch")
+        records = real_stack.audit.wait_for("kill-batch", ITEMS)
         assert len(records) == ITEMS, f"{len(records)} audit lines for {ITEMS} items"
         by_endpoint = Counter((r["endpoint"], r["attempts"]) for r in records)
         say(f"audit (endpoint, upstream calls): {dict(by_endpoint)}")
@@ -126,6 +126,6 @@ def test_replica_killed_mid_batch_loses_nothing_and_comes_back(real_stack: RealS
 
         again = batch_http.post("/score/batch", json={"items": _items(real_stack, "after-restart", 6, offset=40)})
         assert again.status_code == 200, again.text
-        endpoints = Counter(r["endpoint"] for r in real_stack.audit.by_run("after-restart"))
+        endpoints = Counter(r["endpoint"] for r in real_stack.audit.wait_for("after-restart", 6))
         say(f"after the restart, 6 concurrent items went to {dict(endpoints)}")
         assert endpoints[killed_url] > 0, f"the restarted replica got no request: {dict(endpoints)}"

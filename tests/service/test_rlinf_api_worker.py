@@ -182,7 +182,7 @@ def _part(frames, j: int, url: str) -> dict:
 @pytest.mark.parametrize(("change", "status", "code", "field"), [
     (lambda f: _part(f, 1, "data:image/jpeg;base64,not base64!"), 422, "media_decode_error", "messages[0].content[1]"),
     (lambda f: _part(f, 2, "data:image/png;base64," + base64.b64encode(b"GIF89a....").decode()), 422,
-     "media_decode_error", "messages[0].content[2]"),
+     "media_format_refused", "messages[0].content[2]"),  # only JPEG and PNG are read
     (lambda f: _part(f, 0, "https://example.com/frame.jpg"), 422, "invalid_request", "messages[0].content[0]"),
     (lambda f: _part(f, 1, rlinf_frame(episode_frames(1, 32, 48)[0])), 422, "media_decode_error",
      "messages[0].content"),  # frames of one episode must share one size
