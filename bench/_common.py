@@ -25,13 +25,13 @@ from pathlib import Path
 import httpx
 import yaml
 
-from proxy.media import FrameLimits
+from proxy.media.encode import FrameLimits
 from tests.helpers import QWEN_REPLY, free_ports
 from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
 
 ROOT = Path(__file__).resolve().parents[1]
 # A /score request's frame settings as the shipped Qwen backend resolves them (16 frames, the
-# default pixel budget and qwen-vl-utils' video rule), for the benches that call proxy.media.
+# default pixel budget and qwen-vl-utils' video rule), for the benches that call proxy.media.encode.
 LIMITS = FrameLimits(nframes=16, max_pixels=200_704, min_pixels=VIDEO_MIN_PIXELS, video_max_pixels=VIDEO_MAX_PIXELS,
                      total_pixels=VIDEO_TOTAL_PIXELS, image_min_pixels=IMAGE_MIN_PIXELS, stills=False,
                      jpeg_quality=90, default_source_fps=4.0, max_inline_frames=4096,

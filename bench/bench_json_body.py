@@ -5,7 +5,7 @@ Three bodies of max_body_mb each: the frames a /score may carry (base64 JPEG str
 sends), a frames_npy string, and the worst JSON per byte (an array of small numbers in a field
 the schema refuses: it is parsed whole before validation refuses it). Prints a table and writes
 JSON (--out). Numbers: docs/benchmarks.md; the issue's threshold is ~50 ms of stall. The last column
-is what the proxy's routes do (proxy/json_body.py): refuse a body of too many values, else parse it
+is what the proxy's routes do (proxy/http/json_body.py): refuse a body of too many values, else parse it
 with pydantic-core.
 
     .venv/bin/python bench/bench_json_body.py --out /tmp/json_body.json
@@ -31,7 +31,8 @@ from pydantic import ValidationError  # noqa: E402
 
 from proxy.config import ProxySettings  # noqa: E402
 from proxy.errors import PayloadTooLarge  # noqa: E402
-from proxy.json_body import check_json_values, loads, max_json_values  # noqa: E402
+from proxy.http.json_body import check_json_values, max_json_values  # noqa: E402
+from proxy.pipelines.json_peek import loads  # noqa: E402
 from proxy.schemas import ScoreRequest  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def validate(doc):
 
 
 async def _proxy_parse(raw: bytes) -> str:
-    """What the proxy's routes do (proxy/json_body.py): the value count, then pydantic-core's parse."""
+    """What the proxy's routes do (proxy/http/json_body.py): the value count, then pydantic-core's parse."""
     settings = ProxySettings()
     try:
         await check_json_values(raw, max_json_values(settings.max_inline_frames, settings.max_batch_items))

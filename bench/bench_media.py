@@ -1,6 +1,6 @@
 """Per-episode CPU cost of load + sample + resize + JPEG-encode, by frame source.
 
-Measures `proxy.media.prepare_frames` (the exact code /score runs in its worker thread) plus
+Measures `proxy.media.encode.prepare_frames` (the exact code /score runs in its worker thread) plus
 the base64 step, for a 16-frame 224×224 episode and for a LIBERO-sized one (512 frames of
 256×256 sampled down to 16), from an MP4 on disk and from each inline encoding.
 Prints a table and writes JSON. Not a test: numbers on a shared 2-core machine are noisy,
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import LIMITS  # noqa: E402
-from proxy.media import prepare_frames  # noqa: E402
+from proxy.media.encode import prepare_frames  # noqa: E402
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4  # noqa: E402
 
 

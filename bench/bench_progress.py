@@ -1,4 +1,4 @@
-"""The cost of run D per episode: SRPO's progress math (proxy/progress_math.py) and, with --real,
+"""The cost of run D per episode: SRPO's progress math (proxy/progress/math.py) and, with --real,
 one embedding call on the real tiny pooling server, through the proxy and straight to vLLM.
 
 A GRPO step of LIBERO-10 ends, say, 64-512 episodes over 10 tasks. Per task the proxy standardises
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ROOT, env_info, free_port, write_json  # noqa: E402
 from proxy.config import settings_from_dict  # noqa: E402
-from proxy.progress_math import srpo_progress  # noqa: E402
+from proxy.progress.math import srpo_progress  # noqa: E402
 from tests.fakes.episodes import episode_frames, npy_b64  # noqa: E402
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread  # noqa: E402
 from tests.fakes.proxy_server import ProxyServerThread  # noqa: E402

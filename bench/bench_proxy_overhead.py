@@ -5,9 +5,10 @@
 retries or metrics (httptools on uvloop), the cost of copying the bytes twice over loopback.
 
 The request is what /score sends for a 16-frame 224×224 episode: one `video_url` part of 16
-JPEGs (~520 KiB body with the noise below), built with proxy.media + proxy.layouts. The fake answers at once (no
-latency model), so what is measured is each hop's own cost. Fake, proxy and LiteLLM are separate
-processes; this process is the load generator (httpx.AsyncClient, keep-alive, closed loop).
+JPEGs (~520 KiB body with the noise below), built with proxy.media.encode + proxy.prompting.layouts.
+The fake answers at once (no latency model), so what is measured is each hop's own cost. Fake,
+proxy and LiteLLM are separate processes; this process is the load generator (httpx.AsyncClient,
+keep-alive, closed loop).
 Cells are interleaved (direct, ours, litellm for each concurrency), so drift on the shared
 machine hits all three alike: compare ratios within one run, not absolute numbers.
 
@@ -47,8 +48,8 @@ from bench._common import (  # noqa: E402
     write_json,
 )
 from proxy.config import BackendConfig, SamplingConfig  # noqa: E402
-from proxy.layouts import build_chat_body  # noqa: E402
-from proxy.media import prepare_frames  # noqa: E402
+from proxy.media.encode import prepare_frames  # noqa: E402
+from proxy.prompting.layouts import build_chat_body  # noqa: E402
 from tests.fakes.episodes import episode_frames, npy_b64  # noqa: E402
 
 MODEL = "Qwen2.5-VL-7B-Instruct"

@@ -8,12 +8,12 @@ by hand; the Python modules run a whole stack from a config:
   plan.py        the stack's plan and its checks: GPU overlap, port clashes, endpoints, busy ports
   processes.py   processes and process groups through psutil; how a process ended
   logs.py        log tails and the last error line of a log
-  supervisor.py  start, wait for readiness (proxy.health.probe), watch, stop (Stack)
+  supervisor.py  start, wait for readiness (proxy.upstream.health.probe), watch, stop (Stack)
   pidfile.py     the pid file `up` writes and `down`, which stops what it records
   detach.py      `up --detach`
   cli.py         `add_subcommands(subparsers)`: the `up` and `down` commands
 
-Dependencies go one way: launchers imports proxy.config / proxy.health, never the reverse.
+Dependencies go one way: launchers imports proxy.config / proxy.upstream.health, never the reverse.
 """
 
 from launchers.commands import ReplicaCommand, replica_commands, vllm_argv

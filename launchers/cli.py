@@ -22,8 +22,8 @@ from launchers.plan import Plan, gpu_assignment, plan_stack, ports_in_use
 from launchers.ray_up import ray_plan_errors, run_up_ray
 from launchers.supervisor import Stack
 from proxy.config import Settings, load_settings
+from proxy.config.launch import connect_host
 from proxy.errors import ConfigError
-from proxy.launch_config import connect_host
 
 __all__ = ["add_subcommands", "run_down_command", "run_up_command"]
 

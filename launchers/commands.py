@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from proxy.config import BackendConfig
+from proxy.config.launch import connect_host
 from proxy.errors import ConfigError
-from proxy.launch_config import connect_host
 
 __all__ = ["MANAGED_FLAGS", "MEDIA_IO_KWARGS", "ReplicaCommand", "default_limit_mm", "expand_vars",
            "managed_flag_errors", "replica_commands", "shell_line", "url_host", "vllm_argv"]

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from launchers.commands import ReplicaCommand, default_limit_mm, replica_commands, url_host
 from proxy.config import BackendConfig, Settings
-from proxy.launch_config import WILDCARD_HOSTS, LaunchConfig, connect_host, is_loopback
+from proxy.config.launch import WILDCARD_HOSTS, LaunchConfig, connect_host, is_loopback
 
 __all__ = ["Plan", "gpu_assignment", "gpu_overlaps", "plan_stack", "ports_in_use"]
 

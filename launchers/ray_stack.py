@@ -19,8 +19,8 @@ from typing import Any
 from launchers import ray_replica
 from launchers.commands import ReplicaCommand, url_host
 from launchers.supervisor import StackFailure, StopRequested
-from proxy.health import Readiness
-from proxy.launch_config import WILDCARD_HOSTS
+from proxy.config.launch import WILDCARD_HOSTS
+from proxy.upstream.health import Readiness
 
 __all__ = ["NAMESPACE", "RayReplica", "RayReplicas"]
 

@@ -3,7 +3,7 @@
 Each `vllm serve` (and the proxy) runs in its own session, so its process group holds the tensor-
 parallel workers it spawns: stopping a child means signalling its whole group, SIGTERM then
 SIGKILL after a grace period, until no live process of the group is left (no orphan keeps GPU
-memory). Output goes to `<run_dir>/<name>.log`. Readiness is proxy/health.py's `probe`, the same
+memory). Output goes to `<run_dir>/<name>.log`. Readiness is proxy/upstream/health.py's `probe`, the same
 one the proxy uses, run on a private event loop (this module is synchronous).
 """
 
@@ -26,7 +26,7 @@ from launchers.commands import ReplicaCommand, shell_line
 from launchers.logs import indent, last_error_line, tail_lines
 from launchers.pidfile import read_pid_file, write_pid_file
 from launchers.processes import describe_exit, group_members, live_groups, process_start_time, signal_group
-from proxy.health import Readiness, probe
+from proxy.upstream.health import Readiness, probe
 
 __all__ = ["Child", "Stack", "StackFailure", "StopRequested"]
 
@@ -132,7 +132,7 @@ class Stack:
         return child
 
     def probe_all(self, targets: list[tuple[str, str | None, str | None]]) -> list[Readiness]:
-        """The proxy's own readiness probe (proxy/health.py) of each (base URL, model, key), all at
+        """The proxy's own readiness probe (proxy/upstream/health.py) of each (base URL, model, key), all at
         once, on this stack's private loop and client."""
         async def all_of() -> list[Readiness]:
             return await asyncio.gather(*(probe(self._http, url, model, timeout_s=2.0, api_key=key)

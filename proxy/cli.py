@@ -25,7 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from proxy.config import load_settings
-    from proxy.serve import serve
+    from proxy.http.serve import serve
 
     endpoints = json.loads(Path(args.endpoints).read_text()) if args.endpoints else None
     serve(load_settings(args.config, endpoints), host=args.host, port=args.port, log_level=args.log_level,
@@ -35,8 +35,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     require_server_python()
-    from proxy.app import create_app
     from proxy.config import load_settings
+    from proxy.http.app import create_app
 
     settings = load_settings(args.config)
     create_app(settings)  # loads every prompt template too

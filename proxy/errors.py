@@ -34,7 +34,7 @@
         └── ScoreParseError       502  unparseable_score    (no declared answer in the reply)
             └── LabelParseError   502  unparseable_label    (/compare: no -1, 0 or 1 in the reply)
 
-`proxy/http_errors.py` turns this tree into HTTP answers; nothing else builds error responses.
+`proxy/http/error_answers.py` turns this tree into HTTP answers; nothing else builds error responses.
 """
 
 from __future__ import annotations
@@ -277,5 +277,5 @@ class LabelParseError(ScoreParseError):
     code = "unparseable_label"
 
 
-# Transport-level failures worth another try (retry.py's policy).
+# Transport-level failures worth another try (proxy/upstream/retry.py's policy).
 RETRYABLE_UPSTREAM = (UpstreamUnavailable, UpstreamTimeout, UpstreamProtocolError)

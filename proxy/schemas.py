@@ -147,7 +147,7 @@ class ScoreResponse(BaseModel):
     endpoint: str
     timings_ms: dict[str, float]  # load, encode, upstream, total
     constrained: bool = False  # vLLM held the reply to the declared answer (structured_outputs regex)
-    # samples: k — every sample (parsed or not) and the spread of the parsed ones (estimate.py)
+    # samples: k — every sample (parsed or not) and the spread of the parsed ones (proxy/answers/estimate.py)
     samples: list[dict[str, Any]] | None = None
     spread: dict[str, float] | None = None
     logprob: dict[str, Any] | None = None  # logprob_score: the answer token's distribution on the scale

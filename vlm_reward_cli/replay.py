@@ -123,7 +123,7 @@ async def replay(settings: Any, backend: str, store: Path, audit: Path, *, concu
                  progress=None) -> ReplayTally:
     import httpx
 
-    from proxy.app import create_app
+    from proxy.http.app import create_app
 
     app = create_app(settings)
     tally = ReplayTally()

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
+from proxy.answers.parse import AnswerSpec, parse_score
+from proxy.answers.scales import BINARY, PERCENTAGE, SCORE_MODES, Scale
 from proxy.errors import ScoreParseError
-from proxy.parse import AnswerSpec, parse_score
-from proxy.scales import BINARY, PERCENTAGE, SCORE_MODES, Scale
 from tests.fakes.episodes import episode_frames, npy_b64
 from vlm_protocol.frames import sample_indices
 

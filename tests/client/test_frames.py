@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from proxy.media import sample_indices as proxy_sample_indices
+from proxy.media.encode import sample_indices as proxy_sample_indices
 from rlinf_client import EpisodeFrameBuffer, FramesError, env_frames_from_obs, sample_indices, to_uint8_frames
 from rlinf_client._frames import prepare_frames
 from tests.client._support import frame_tag, tagged_frames

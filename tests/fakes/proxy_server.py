@@ -7,9 +7,9 @@ import time
 
 import uvicorn
 
-from proxy.app import create_app
 from proxy.config import Settings
-from proxy.serve import KEEP_ALIVE_S
+from proxy.http.app import create_app
+from proxy.http.serve import KEEP_ALIVE_S
 
 
 class ProxyServerThread:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from proxy.prompts import PromptStore, apply_seed_overrides
+from proxy.prompting.templates import PromptStore, apply_seed_overrides
 from tests.real_vllm.stack import (
     PRIMO,
     PRIMO_MODEL,

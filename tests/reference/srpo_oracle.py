@@ -1,7 +1,7 @@
 """An independent statement of SRPO's reward for failed episodes, written from siiRL's
 `compute_embodied_reward` (sii-research/siiRL @ af00a771, siirl/utils/reward_score/embodied.py)
 with the libraries it uses: scikit-learn's StandardScaler and DBSCAN, scipy's cdist and expit.
-It shares no code with proxy/progress_math.py, which must agree with it."""
+It shares no code with proxy/progress/math.py, which must agree with it."""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.constrain import answer_regex
+from proxy.answers.constraints import answer_regex
+from proxy.answers.parse import AnswerSpec, parse_score
+from proxy.answers.scales import SCORE_MODES, Scale, scale_for_mode
 from proxy.errors import ScoreParseError
-from proxy.parse import AnswerSpec, parse_score
-from proxy.prompts import PromptStore
-from proxy.scales import SCORE_MODES, Scale, scale_for_mode
+from proxy.prompting.templates import PromptStore
 from tests.helpers import PROMPTS_DIR
 
 STORE = PromptStore(PROMPTS_DIR)

@@ -1,4 +1,4 @@
-"""The chat body as sent (proxy.layouts.encode_body): the media URLs are spliced in after JSON
+"""The chat body as sent (proxy.prompting.layouts.encode_body): the media URLs are spliced in after JSON
 encoding, and the bytes must still be exactly the JSON of the body, whatever the text holds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.layouts import encode_body
+from proxy.prompting.layouts import encode_body
 
 b64 = st.binary(min_size=0, max_size=64).map(lambda b: base64.b64encode(b).decode())
 text = st.text(max_size=80)  # any unicode: quotes, backslashes, NULs, surrogates' neighbours

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.npy import NpyError, read_uint8
+from proxy.media.npy import NpyError, read_uint8
 
 
 def _npy(array: np.ndarray, **kwargs) -> bytes:

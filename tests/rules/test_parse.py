@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.answers.parse import AnswerSpec, parse_score
+from proxy.answers.scales import BINARY, PERCENTAGE, Scale
 from proxy.errors import ScoreParseError
-from proxy.parse import AnswerSpec, parse_score
-from proxy.scales import BINARY, PERCENTAGE, Scale
 
 ANSWER_0_100 = AnswerSpec(tags=("answer",), untagged=False, scale=PERCENTAGE)  # PRIMO-R1
 BARE_1_100 = AnswerSpec(tags=(), untagged=True, scale=Scale(1, 100))  # the seed's Qwen prompt

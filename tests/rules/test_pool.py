@@ -7,7 +7,7 @@ import pytest
 
 from proxy.config import AdmissionConfig, CircuitConfig
 from proxy.errors import Overloaded, UpstreamUnavailable
-from proxy.pool import EndpointPool
+from proxy.upstream.pool import EndpointPool
 
 
 def _pool(n=2, **admission):

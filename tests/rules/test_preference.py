@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.answers.preference import combine_orders, parse_compare_template, parse_label, read_description, swap_label
 from proxy.errors import LabelParseError, PromptTemplateError
-from proxy.preference import combine_orders, parse_compare_template, parse_label, read_description, swap_label
 from tests.conftest import PROMPTS_DIR
 
 SHIPPED = parse_compare_template("compare_rlvlmf", (PROMPTS_DIR / "compare_rlvlmf.yaml").read_bytes())

@@ -1,4 +1,4 @@
-"""SRPO's progress (proxy/progress_math.py) against an independent implementation on scikit-learn
+"""SRPO's progress (proxy/progress/math.py) against an independent implementation on scikit-learn
 (tests/reference/srpo_oracle.py), on synthetic embeddings whose geometry fixes the answer."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sklearn.cluster import DBSCAN
 from sklearn.preprocessing import StandardScaler
 
-from proxy.progress_math import dbscan_labels, srpo_progress, standardise
+from proxy.progress.math import dbscan_labels, srpo_progress, standardise
 from tests.reference.srpo_oracle import siirl_rewards
 
 SIGMA_5 = 1.0 / (1.0 + np.exp(-5.0))

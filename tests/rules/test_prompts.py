@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.errors import PromptTemplateError, TemplateVariableError
-from proxy.prompts import PromptStore, parse_template
+from proxy.prompting.templates import PromptStore, parse_template
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = "answer: {tags: [answer], scale: {min: 0, max: 100}}\n"

@@ -4,7 +4,7 @@ import pytest
 
 from proxy.config import RetryConfig
 from proxy.errors import MediaKwargsRefused, ScoreParseError, UpstreamTimeout, UpstreamUnavailable
-from proxy.retry import Deadline, _wait_strategy, call_with_retries
+from proxy.upstream.retry import Deadline, _wait_strategy, call_with_retries
 
 FAST = RetryConfig(attempts=4, parse_attempts=2, backoff_s=(0.001, 0.002), deadline_s=5)
 
@@ -105,7 +105,7 @@ async def test_a_budget_ends_retries_before_the_caller_gives_up():
 
 
 async def test_an_attempt_knows_whether_the_deadline_or_its_own_timeout_bounds_it():
-    """What decides whether a timeout is held against the replica (proxy.backends.note_failure)."""
+    """What decides whether a timeout is held against the replica (proxy.upstream.backends.note_failure)."""
     short_budget = RetryConfig(attempts=1, parse_attempts=1, timeout_s=60, deadline_s=300)
     send, seen = _scripted(["0.5"])
     await call_with_retries(short_budget, send, _parse, budget_s=2)

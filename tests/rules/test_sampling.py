@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.media import sample_indices
+from proxy.media.encode import sample_indices
 
 
 def test_sixteen_of_forty_spreads_evenly_and_keeps_both_ends():

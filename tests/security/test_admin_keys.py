@@ -9,10 +9,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from proxy.app import create_app
 from proxy.config import settings_from_dict
-from proxy.endpoint_hosts import check_endpoint_host
+from proxy.config.endpoint_hosts import check_endpoint_host
 from proxy.errors import ConfigError, EndpointHostForbidden
+from proxy.http.app import create_app
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 from tests.helpers import wait_until

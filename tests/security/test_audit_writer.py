@@ -18,8 +18,9 @@ import threading
 
 import httpx
 
+from proxy.audit import AuditLog
 from proxy.config import settings_from_dict
-from proxy.observe import AuditLog, Metrics
+from proxy.metrics import Metrics
 from reports.audit import read_audit_log
 from reports.audit_lines import audit_files
 from tests.fakes.processes import metric_sum, metrics

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from proxy.config import settings_from_dict
-from proxy.json_body import max_json_values
+from proxy.http.json_body import max_json_values
 from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import episode_frames, images_b64
 

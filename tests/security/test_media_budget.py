@@ -16,12 +16,12 @@ import cv2
 import pytest
 
 from proxy.errors import MediaBudgetExceeded
-from proxy.frame_plan import planned_bytes, target_sizes
-from proxy.media import prefix_indices, prepare_frames
-from proxy.media_budget import DecodeBudget, DecodeCancelled, MediaCaps, MediaExecutor
-from proxy.media_file import open_video
-from proxy.sources import FrameLimits
-from proxy.video import read_video
+from proxy.media.budget import DecodeBudget, DecodeCancelled, MediaCaps, MediaExecutor
+from proxy.media.decode import FrameLimits
+from proxy.media.encode import prefix_indices, prepare_frames
+from proxy.media.file import open_video
+from proxy.media.frame_plan import planned_bytes, target_sizes
+from proxy.media.video import read_video
 from tests.fakes.episodes import _write_video, episode_frames, images_b64, write_mp4
 from tests.security._media_stack import MediaStack, media_stack, refusal
 

@@ -17,10 +17,10 @@ import yaml
 
 from proxy.config import load_settings
 from proxy.errors import ConfigError, MediaFormatRefused
-from proxy.media_budget import DecodeBudget
-from proxy.media_file import FFMPEG_CAPTURE_OPTIONS, open_video, prepare_media_roots
-from proxy.sources import FrameLimits
-from proxy.video import read_video
+from proxy.media.budget import DecodeBudget
+from proxy.media.decode import FrameLimits
+from proxy.media.file import FFMPEG_CAPTURE_OPTIONS, open_video, prepare_media_roots
+from proxy.media.video import read_video
 from tests.fakes.episodes import _write_video, episode_frames, write_lossless_video, write_mp4
 from tests.helpers import REPO
 from tests.security._media_stack import MediaStack, assert_unopened, media_stack, refusal
@@ -94,7 +94,7 @@ def test_the_documented_containers_are_scored_whatever_the_name(stack, name, wri
 
 
 def test_ffmpeg_is_pinned_to_the_file_protocol_and_the_documented_demuxers(tmp_path):
-    """Set once on import of proxy.media_file (read by OpenCV at every open): even by name, a
+    """Set once on import of proxy.media.file (read by OpenCV at every open): even by name, a
     playlist that FFmpeg would follow out of the directory does not open."""
     assert os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] == FFMPEG_CAPTURE_OPTIONS
     secret = write_mp4(tmp_path / "secret.mp4", episode_frames(4, 32, 32))

@@ -16,7 +16,8 @@ import pytest
 from packaging.requirements import Requirement
 
 from proxy.cli import SERVER_PYTHON, require_server_python
-from proxy.config import ConfigError, load_settings
+from proxy.config import load_settings
+from proxy.errors import ConfigError
 from tests.conftest import QWEN_MODEL
 from tests.helpers import PROMPTS_DIR, REPO
 from vlm_protocol import strict_yaml

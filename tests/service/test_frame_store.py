@@ -136,7 +136,7 @@ def test_a_failing_disk_still_scores_and_the_store_recovers(store_proxy):
 
 def test_a_hung_disk_never_holds_up_a_score(store_proxy, monkeypatch, tmp_path):
     # the store's thread blocks until the test lets it go, as a hung NFS mount would
-    from proxy import frame_store
+    from proxy.media import frame_store
 
     released = threading.Event()
     real_put_all = frame_store.FrameStore._put_all

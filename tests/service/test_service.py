@@ -108,7 +108,7 @@ def test_prompt_edit_applies_without_restart(proxy_factory, fake_qwen, fake_prim
 def test_proxy_core_does_not_import_torch_or_qwen_vl_utils():
     import subprocess
     import sys
-    code = ("import sys, proxy.app, proxy.cli, proxy.media; "
+    code = ("import sys, proxy.http.app, proxy.cli, proxy.media.encode; "
             "bad = [m for m in ('torch', 'torchvision', 'qwen_vl_utils', 'vllm') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,0 +1,132 @@
+"""From a model's reply to a score in [0, 1], by the answer the prompt template declares.
+
+A template declares its answer (proxy/prompting/templates.py): the tag(s) it asks for (`<answer>`, `<score>`),
+whether an untagged answer is acceptable (a template that asks for "only the number"), and its
+scale (scales.py). After reasoning is removed — `<think>…</think>` blocks, everything up to an
+orphan `</think>` (a template that opens <think> itself), and an unclosed `<think>` to the end —
+exactly one declared answer holding one number within the scale is a score:
+
+    <answer>85</answer>, <answer> 85% </answer> (0–100 scales), <answer>7/10</answer> (0–10)
+    an untagged reply, when declared: the whole trimmed reply is that one number ("85", "85.")
+    a binary scale also takes a verdict: <answer>yes</answer>, "No."
+
+Everything else is a ScoreParseError (unparseable_score) carrying the reply: no tag, two tags,
+an unclosed or empty tag, words around the number, a number off the scale, and any reply cut
+at max_tokens (finish_reason "length"). A number found elsewhere in the text is never a score.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.answers.scales import Scale, scale_for_mode
+from proxy.errors import ScoreParseError
+
+__all__ = ["AnswerSpec", "ParsedScore", "declared_fragment", "parse_score", "strip_reasoning"]
+
+_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+# One number, optionally "%" or "/max", optionally one trailing full stop: nothing else.
+_NUMBER_FORM = re.compile(r"\A\s*" + _NUMBER + r"\s*(%|/\s*" + _NUMBER + r")?\s*\.?\s*\Z")
+_VERDICT_FORM = re.compile(r"\A\s*([A-Za-z]+)\s*[.!]?\s*\Z")
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
+_THINK_ORPHAN_CLOSE = re.compile(r"\A.*</think>", re.S | re.I)  # greedy: up to the last one
+_THINK_UNCLOSED = re.compile(r"<think>.*\Z", re.S | re.I)
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """The answer a template asks for."""
+
+    tags: tuple[str, ...]  # e.g. ("answer",); () = an untagged answer only
+    untagged: bool  # the whole trimmed reply may be the answer (always True when tags == ())
+    scale: Scale
+    constrain: bool = False  # ask vLLM to constrain the reply to this format (constraints.py)
+    reasoning: bool = False  # the reply opens with a <think>…</think> block (for the constraint)
+
+    def describe(self) -> str:
+        where = " or ".join(f"<{t}>…</{t}>" for t in self.tags) or "the whole reply"
+        if self.tags and self.untagged:
+            where += " or the whole reply"
+        return f"one number on the {self.scale.name} scale in {where}"
+
+
+@dataclass(frozen=True)
+class ParsedScore:
+    score: float  # normalised to [0, 1]
+    raw_score: float  # as the model wrote it
+    source: str  # "answer_tag", "score_tag", ... or "untagged"
+    scale: str  # the scale's name, e.g. "0-100"
+    mode: str  # the score_mode used
+
+
+def strip_reasoning(text: str) -> str:
+    text = _THINK_BLOCK.sub("", text)
+    text = _THINK_ORPHAN_CLOSE.sub("", text)
+    return _THINK_UNCLOSED.sub("", text)
+
+
+def _tag_pattern(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.S | re.I)
+
+
+def parse_score(text: str, spec: AnswerSpec, mode: str = "auto", *,
+                finish_reason: str | None = None) -> ParsedScore:
+    scale = scale_for_mode(mode, spec.scale)
+
+    def fail(reason: str) -> ScoreParseError:
+        return ScoreParseError(f"{reason}; the template asks for {spec.describe()}",
+                               output_text=text, finish_reason=finish_reason)
+
+    fragment, source = declared_fragment(text, spec.tags, spec.untagged, fail, what="answer",
+                                         finish_reason=finish_reason)
+    parsed = _read(fragment, scale, source, mode)
+    if parsed is None:
+        raise fail(f"the reply is not one number on the {scale.name} scale" if source == "untagged" else
+                   f"<{source[:-4]}> holds {fragment.strip()[:60]!r}, not one number on the {scale.name} scale")
+    return parsed
+
+
+def declared_fragment(text: str, tags: tuple[str, ...], untagged: bool, fail: Callable[[str], Exception], *,
+                      what: str, finish_reason: str | None) -> tuple[str, str]:
+    """(the text in the one declared place, "<tag>_tag" or "untagged") of a reply after its
+    reasoning, or `fail(reason)` raised: a reply cut at max_tokens, two tags, an unclosed one,
+    nothing after the reasoning, no tag where one is required. Scores and preference labels read
+    replies this one way."""
+    if finish_reason == "length":
+        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+    visible = strip_reasoning(text or "")
+    found = [(tag, inner) for tag in tags for inner in _tag_pattern(tag).findall(visible)]
+    if len(found) > 1:
+        raise fail(f"{len(found)} {what} tags ({', '.join(f'<{t}>' for t, _ in found)}); which is the {what}?")
+    if found:
+        return found[0][1], f"{found[0][0]}_tag"
+    unclosed = [t for t in tags if re.search(rf"<{re.escape(t)}>", visible, re.I)]
+    if unclosed:
+        raise fail(f"<{unclosed[0]}> is never closed")
+    if not visible.strip():
+        raise fail(f"the reply holds reasoning and no {what} after it" if (text or "").strip()
+                   else "the reply is empty")
+    if not untagged:
+        raise fail(f"no {what} tag in the reply")
+    return visible, "untagged"
+
+
+def _read(fragment: str, scale: Scale, source: str, mode: str) -> ParsedScore | None:
+    """One number (or, binary, a verdict) making up the whole fragment, on the scale."""
+    match = _NUMBER_FORM.match(fragment)
+    if match:
+        raw, suffix, denominator = float(match.group(1)), match.group(2), match.group(3)
+        if suffix == "%" and scale.max != 100:
+            return None
+        if denominator is not None and float(denominator) != scale.max:
+            return None
+        score = scale.normalise(raw)
+        return None if score is None else ParsedScore(score, raw, source, scale.name, mode)
+    verdict = _VERDICT_FORM.match(fragment)
+    if verdict:
+        score = scale.verdict(verdict.group(1))
+        if score is not None:
+            return ParsedScore(score, score, source, scale.name, mode)
+    return None

@@ -1,0 +1,282 @@
+"""The one validated configuration model, loaded from one YAML file.
+
+Defaults live here and nowhere else, but for a backend's `launch` section (how `up` starts its
+servers: proxy/config/launch.py). Every model forbids unknown keys (proxy/config/strict.py), so a
+typo fails at start-up with the dotted path of the bad key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from proxy.answers.scales import SCORE_MODES
+from proxy.config.calls import (
+    AdmissionConfig,
+    CircuitConfig,
+    RetryConfig,
+    RoutingConfig,
+)
+from proxy.config.endpoint_hosts import EndpointHost
+from proxy.config.launch import LaunchConfig
+from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
+from proxy.config.strict import PositiveInt
+from proxy.config.strict import StrictModel as _Strict
+from proxy.errors import ConfigError
+from vlm_protocol import strict_yaml
+from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
+
+log = logging.getLogger(__name__)
+
+Layout = Literal["qwen_video", "primo_interleave", "images"]
+ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/answers/scales.py
+# What an endpoint URL looks like (config and POST /admin/endpoints; the API document states it).
+ENDPOINT_URL_PATTERN = r"^https?://[^/]"
+
+
+def endpoint_url(url: str) -> str:
+    """An endpoint's OpenAI base URL as the pool keeps it (no trailing slash), or ValueError."""
+    if not re.search(ENDPOINT_URL_PATTERN, url):
+        raise ValueError(f"endpoint {url!r} must start with http:// or https:// and a host")
+    return url.rstrip("/")
+
+
+class ProxySettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(18080, ge=0, le=65535)
+    # video_path is only read under these roots (after resolving symlinks); empty = no paths.
+    allowed_media_roots: list[Path] = Field(default_factory=list)
+    max_body_mb: float = Field(64.0, gt=0)
+    # Caps on what one request may ask for, whatever the backend defaults say.
+    max_nframes: PositiveInt = 128
+    max_inline_frames: PositiveInt = 2048
+    max_pixels_limit: PositiveInt = 1_605_632  # 2048 * 28 * 28
+    max_source_pixels: PositiveInt = 4096 * 4096  # decoded frame size cap (decompression bombs)
+    # Per request (docs/configuration.md): decoded MiB held at once, a video's frames and seconds.
+    max_decoded_mb: float = Field(512.0, gt=0)
+    max_video_frames: PositiveInt = 4096
+    max_video_seconds: float = Field(600.0, gt=0)
+    media_workers: PositiveInt | None = None  # media threads; None: the cores, at most 8
+    prompts_dir: Path = Path("prompts")
+    audit_log: Path | None = None
+    audit: AuditConfig = Field(default_factory=AuditConfig)  # rotation and queue of audit_log
+    frame_store: FrameStoreConfig | None = None  # opt-in; the audit log names each frame by hash
+    reference_store: ReferenceStoreConfig | None = None  # opt-in (POST /progress/batch)
+    # Bounded wait for a backend's /health and /v1/models when /health is asked.
+    health_timeout_s: float = Field(2.0, gt=0)
+    # Background readiness polling of every endpoint (closes circuits of recovered replicas).
+    health_interval_s: float = Field(5.0, gt=0)
+    max_batch_items: PositiveInt = 512  # POST /score/batch
+    max_prompt_chars: PositiveInt = 16_384  # backend_kwargs system_prompt / user_prompt / prompt_template
+    # Name of the env var holding a bearer token required on every route but /health.
+    api_key_env: str | None = None
+    # The admin key's env var: the only key of routes that change what the proxy trusts or pays
+    # (proxy/http/admin_access.py); unset = those routes are off. It may also score; not the scoring key.
+    admin_api_key_env: str | None = None
+    admin_endpoint_hosts: list[EndpointHost] | None = None  # what POST /admin/endpoints may add; None: any
+    # On SIGTERM/SIGINT: requests in flight get this long, then are answered 503 shutting_down.
+    shutdown_grace_s: float = Field(10.0, ge=0, le=600)
+
+    @model_validator(mode="after")
+    def _admin_key_is_not_the_scoring_key(self) -> ProxySettings:
+        if self.admin_api_key_env is not None and self.admin_api_key_env == self.api_key_env:
+            raise ValueError("admin_api_key_env must name another variable than api_key_env: with one key, "
+                             "every scoring client would be an admin")
+        return self
+
+
+class SamplingConfig(_Strict):
+    """Sent explicitly on every request: vLLM fills omitted fields from generation_config.json."""
+
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # 0 = disabled in vLLM
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    max_tokens: PositiveInt = 64
+    seed: int | None = 0
+
+
+class FramesConfig(_Strict):
+    """Which frames go to the model, at what size and what rate (vlm_protocol.frames has the rules)."""
+
+    nframes: PositiveInt = 16
+    # Requests for more frames are clamped to this and say so (PRIMO-R1's evaluation: 22).
+    max_nframes: PositiveInt | None = None
+    # Per-frame budget, with qwen-vl-utils' meaning: it lowers the video rule's per-frame cap.
+    max_pixels: PositiveInt = 200_704  # 256 * 28 * 28
+    min_pixels: PositiveInt = VIDEO_MIN_PIXELS  # the video floor (qwen-vl-utils: 128 * 28 * 28)
+    video_max_pixels: PositiveInt = VIDEO_MAX_PIXELS
+    total_pixels: PositiveInt = VIDEO_TOTAL_PIXELS  # budget across all frames of one video
+    image_min_pixels: PositiveInt = IMAGE_MIN_PIXELS  # still images (PRIMO's first and last frame)
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    # The fps vLLM is told, the same whatever carries the frames (MP4 path, frames, frames_npy):
+    #   seed    the request's video_fps (the seed's client: 4), default_video_fps if absent;
+    #   episode the real rate of the frames sent (source fps x frames sent / source frames);
+    #   a number that rate.
+    presentation_fps: Literal["seed", "episode"] | Annotated[float, Field(gt=0)] = "seed"
+    default_video_fps: float = Field(4.0, gt=0)  # the seed's reward_model.video_fps
+    # Rate of inline frames when the request gives no fps (presentation_fps: episode only).
+    default_source_fps: float = Field(4.0, gt=0)
+
+
+class BackendConfig(_Strict):
+    model: str  # the served-model-name
+    # chat: /chat/completions scores (/score, /compare, ...). embedding: /embeddings vectors for
+    # POST /progress/batch (docs/progress.md); `up` starts its servers with the pooling flags.
+    kind: Literal["chat", "embedding"] = "chat"
+    aliases: list[str] = Field(default_factory=list)
+    endpoints: list[str] = Field(min_length=1)  # OpenAI base URLs, e.g. http://127.0.0.1:8001/v1
+    api_key_env: str | None = None  # name of the env var holding the bearer token
+    # Required for chat; an embedding backend's default is qwen_video (the frames as one video part).
+    layout: Layout | None = None
+    # Required for chat; an embedding backend sends the template's text beside the video when set.
+    prompt: str | None = None
+    sampling: SamplingConfig = SamplingConfig()
+    max_tokens_limit: PositiveInt = 4096  # cap for per-request max_tokens overrides
+    frames: FramesConfig = FramesConfig()
+    score_mode: ScoreMode = "auto"
+    retry: RetryConfig = RetryConfig()
+    circuit: CircuitConfig = CircuitConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    routing: RoutingConfig = RoutingConfig()
+    # Per-request media_io_kwargs need `vllm serve --trust-request-mm-kwargs`. Turning this off
+    # is for servers started without it: vLLM then keeps at most its --media-io-kwargs
+    # num_frames (32 by default) and assumes fps 1.
+    request_mm_kwargs: bool = True
+    # When set, requests whose estimated prompt + max_tokens exceed it fail before sending.
+    max_model_len: PositiveInt | None = None
+    launch: LaunchConfig | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints_are_http(cls, v: list[str]) -> list[str]:
+        return [endpoint_url(url) for url in v]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_defaults(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") == "embedding" and data.get("layout") is None:
+            return {**data, "layout": "qwen_video"}
+        return data
+
+    @model_validator(mode="after")
+    def _chat_needs_prompt(self) -> BackendConfig:
+        if self.kind == "chat":
+            missing = [key for key in ("layout", "prompt") if getattr(self, key) is None]
+            if missing:
+                raise ValueError(f"a chat backend needs {' and '.join(missing)} (kind: embedding needs neither)")
+        return self
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class Settings(_Strict):
+    proxy: ProxySettings = ProxySettings()
+    backends: dict[str, BackendConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> Settings:
+        seen: dict[str, str] = {}
+        for name, backend in self.backends.items():
+            for label in (name, *backend.aliases):
+                if label in seen and seen[label] != name:
+                    raise ValueError(f"name {label!r} is used by backends {seen[label]!r} and {name!r}")
+                seen[label] = name
+        return self
+
+    def proxy_api_key(self) -> str | None:
+        env = self.proxy.api_key_env
+        return os.environ.get(env) or None if env else None
+
+    def proxy_admin_key(self) -> str | None:
+        env = self.proxy.admin_api_key_env
+        return os.environ.get(env) or None if env else None
+
+    def warnings(self) -> list[str]:
+        return [
+            f"backend {name!r}: request_mm_kwargs is off; vLLM will use its server defaults "
+            "(at most --media-io-kwargs num_frames, 32 unless set, and fps 1.0)"
+            for name, backend in self.backends.items()
+            if not backend.request_mm_kwargs
+        ]
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for item in err.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        lines.append(f"  {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def settings_from_dict(data: dict, *, base_dir: Path | None = None, source: str = "<dict>") -> Settings:
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from err
+    if base_dir is not None:
+        settings = _resolve_paths(settings, base_dir)
+    return settings
+
+
+def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
+    """Relative paths in a config file are relative to that file, not to the working dir."""
+
+    def resolve(p: Path) -> Path:
+        return p if p.is_absolute() else (base_dir / p).resolve()
+
+    store, references = settings.proxy.frame_store, settings.proxy.reference_store
+    proxy = settings.proxy.model_copy(
+        update={
+            "prompts_dir": resolve(settings.proxy.prompts_dir),
+            "allowed_media_roots": [resolve(r) for r in settings.proxy.allowed_media_roots],
+            "audit_log": resolve(settings.proxy.audit_log) if settings.proxy.audit_log else None,
+            "frame_store": store.model_copy(update={"dir": resolve(store.dir)}) if store else None,
+            "reference_store": (references.model_copy(update={"dir": resolve(references.dir)})
+                                if references else None),
+        }
+    )
+    return settings.model_copy(update={"proxy": proxy})
+
+
+def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = None) -> Settings:
+    """The config file, validated; `endpoints` replaces named backends' endpoint lists (`up --ray`
+    knows them only once Ray has placed the replicas)."""
+    path = Path(path)
+    data = read_config(path)
+    if endpoints is not None and not (isinstance(endpoints, dict) and all(
+            isinstance(u, list) and all(isinstance(x, str) for x in u) for u in endpoints.values())):
+        raise ConfigError("endpoints must map backend names to lists of URLs, e.g. {\"qwen\": [\"http://h:8001/v1\"]}")
+    for name, urls in (endpoints or {}).items():
+        backend = (data.get("backends") or {}).get(name)
+        if not isinstance(backend, dict):
+            raise ConfigError(f"endpoints given for backend {name!r}, which config {path} does not define")
+        backend["endpoints"] = list(urls)
+    return settings_from_dict(data, base_dir=path.parent.resolve(), source=str(path))
+
+
+def read_config(path: Path) -> dict:
+    """The config file as a plain mapping (strict YAML), before validation: for tools that change
+    a setting or two and then validate the whole (`replay`)."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+    try:
+        data = strict_yaml.load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping with 'proxy' and 'backends'")
+    return data

@@ -1,0 +1,59 @@
+"""The progress routes (docs/progress.md): POST /progress/batch, and the reference store's
+POST and GET /progress/references. Adding demonstrations changes training rewards for good (they
+are never evicted), so it takes only the admin key, as the admin routes do (proxy/http/admin_access.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from proxy.http.admin_access import ADMIN_403, AdminOnly
+from proxy.http.deps import ALWAYS, budget_of
+from proxy.http.error_answers import error_answers
+from proxy.http.json_body import JSONBodyRoute
+from proxy.pipelines.batch import check_batch_size
+from proxy.progress.pipeline import ProgressScorer
+from proxy.progress.schemas import ProgressBatchRequest, ProgressBatchResponse, ReferencesRequest, ReferencesResponse
+
+__all__ = ["router"]
+
+router = APIRouter(route_class=JSONBodyRoute)
+
+
+async def _progress(request: Request) -> ProgressScorer:
+    return request.app.state.progress
+
+
+ProgressDep = Annotated[ProgressScorer, Depends(_progress)]
+
+
+@router.post("/progress/batch", response_model=ProgressBatchResponse,
+             responses=error_answers(*ALWAYS, 404, 413, 422, 429))
+async def progress_batch(body: ProgressBatchRequest, request: Request, progress: ProgressDep) -> JSONResponse:
+    """Per task, each failure's progress toward the task's successes (SRPO); successes are 1."""
+    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
+    answer = await progress.progress_batch(body, budget_s=budget_of(request))
+    request.state.backend = progress.embedder.scorer.registry.resolve(body.backend, kind="embedding").name
+    return JSONResponse(answer)
+
+
+@router.post("/progress/references", response_model=ReferencesResponse, dependencies=[AdminOnly],
+             responses=error_answers(*ALWAYS, 403, 404, 409, 413, 422, 429, 502, 503, 504, meanings={
+                 401: "missing or wrong bearer token (this route takes the admin key)", 403: ADMIN_403,
+                 409: "reference_mismatch: the task's stored vectors have another size; reference_store_full: it "
+                      "holds max_demonstrations already; reference_keys_full: a new task or namespace while the "
+                      "store holds reference_store.max_keys"}))
+async def add_references(body: ReferencesRequest, request: Request, progress: ProgressDep) -> ReferencesResponse:
+    """Demonstrations of one task, kept as references (all of them, or none on an error)."""
+    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
+    answer = await progress.add_references(body, budget_s=budget_of(request))
+    request.state.backend = answer.backend
+    return answer
+
+
+@router.get("/progress/references", responses=error_answers(*ALWAYS))
+async def references(progress: ProgressDep) -> dict[str, Any]:
+    """What the reference store holds per task (null when none is configured)."""
+    return {"store": progress.store.status() if progress.store is not None else None}

@@ -1,0 +1,82 @@
+"""The scoring routes: POST /score, /score/batch, /score/dense, /compare and /compare/batch — thin
+handlers over the Scorer and the Comparer (proxy/pipelines/)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from proxy.http.deps import ALWAYS, ScorerDep, budget_of
+from proxy.http.error_answers import error_answers
+from proxy.http.json_body import JSONBodyRoute
+from proxy.pipelines.batch import check_batch_size
+from proxy.pipelines.compare import Comparer
+from proxy.pipelines.dense import DenseRequest, DenseResponse, score_dense
+from proxy.schemas import (
+    BatchCompareRequest,
+    BatchCompareResponse,
+    BatchScoreRequest,
+    BatchScoreResponse,
+    CompareRequest,
+    CompareResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(route_class=JSONBodyRoute)
+
+
+@router.post("/score", response_model=ScoreResponse,
+             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> ScoreResponse:
+    result = await scorer.score(body, budget_s=budget_of(request))
+    request.state.backend = result.backend
+    return result
+
+
+@router.post("/score/batch", response_model=BatchScoreResponse, responses=error_answers(*ALWAYS, 413, 422))
+async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerDep) -> JSONResponse:
+    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
+    return _batch_answer(request, await scorer.score_batch(body.items, budget_s=budget_of(request)))
+
+
+@router.post("/score/dense", response_model=DenseResponse,
+             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+async def score_dense_route(body: DenseRequest, request: Request, scorer: ScorerDep) -> DenseResponse:
+    """One episode's progress curve: `points` prefixes (or `prefix_ends`) scored concurrently, one call each."""
+    result = await score_dense(scorer, body, budget_s=budget_of(request))
+    request.state.backend = result.backend
+    return result
+
+
+def _batch_answer(request: Request, results: list[dict]) -> JSONResponse:
+    backends = {r["result"]["backend"] for r in results if r["ok"]}
+    request.state.backend = backends.pop() if len(backends) == 1 else ("mixed" if backends else "none")
+    ok = sum(r["ok"] for r in results)
+    return JSONResponse({"results": results, "summary": {"ok": ok, "failed": len(results) - ok}})
+
+
+async def _comparer(request: Request) -> Comparer:
+    return request.app.state.comparer
+
+
+ComparerDep = Annotated[Comparer, Depends(_comparer)]
+
+
+@router.post("/compare", response_model=CompareResponse,
+             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+async def compare(body: CompareRequest, request: Request, comparer: ComparerDep) -> CompareResponse:
+    """Two episodes of one task → RL-VLM-F's label: 0 the first is better, 1 the second, -1 no preference."""
+    result = await comparer.compare(body, budget_s=budget_of(request))
+    request.state.backend = result.backend
+    return result
+
+
+@router.post("/compare/batch", response_model=BatchCompareResponse, responses=error_answers(*ALWAYS, 413, 422))
+async def compare_batch(body: BatchCompareRequest, request: Request, comparer: ComparerDep) -> JSONResponse:
+    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
+    return _batch_answer(request, await comparer.compare_batch(body.items, budget_s=budget_of(request)))

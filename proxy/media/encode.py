@@ -1,0 +1,111 @@
+"""Episode frames as sent: sample → resize to the pixel budget → JPEG, from a decoded source.
+
+Everything here is blocking CPU work; `proxy/pipelines/scoring.py` runs `prepare_frames` in a worker thread so
+the event loop keeps serving. Frames are RGB uint8 arrays throughout; decoding is `decode.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+import pybase64  # SIMD base64, the decoder vLLM uses: 3.2 MB in 0.14 ms vs 6.5 ms
+
+from proxy.errors import MediaDecodeError
+from proxy.media.budget import DecodeBudget
+from proxy.media.decode import FrameLimits, decode_source, prefix_count
+from proxy.media.decoded import DecodedSource
+from proxy.media.frame_plan import episode_sizes, resize_frame
+from vlm_protocol.frames import PATCH_FACTOR, sample_indices, smart_resize
+
+__all__ = ["PATCH_FACTOR", "EncodedFrames", "FrameLimits", "encode_prefix", "prefix_indices", "prepare_frames",
+           "resize_frame", "sample_indices", "smart_resize"]
+
+
+def encode_jpeg(frame_rgb: np.ndarray, quality: int) -> bytes:
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise MediaDecodeError("JPEG encoding failed")
+    return buf.tobytes()
+
+
+# -- what comes out -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EncodedFrames:
+    jpegs: list[bytes]  # the video's frames, all at width x height
+    indices: list[int]  # into the source episode
+    source_count: int
+    width: int
+    height: int
+    sampled_fps: float  # the real rate of the frames sent (source fps x sent / source frames)
+    load_ms: float
+    encode_ms: float
+    stills: list[bytes] = field(default_factory=list)  # first and last frame as images, if asked
+    still_size: tuple[int, int] | None = None  # (width, height) of the stills
+
+    @property
+    def base64_frames(self) -> list[str]:
+        return [pybase64.b64encode(j).decode("ascii") for j in self.jpegs]
+
+    @property
+    def base64_stills(self) -> list[str]:
+        return [pybase64.b64encode(j).decode("ascii") for j in self.stills]
+
+    @property
+    def sha256(self) -> list[str]:
+        return [hashlib.sha256(j).hexdigest() for j in self.jpegs]
+
+    @property
+    def still_sha256(self) -> list[str]:
+        return [hashlib.sha256(j).hexdigest() for j in self.stills]
+
+
+def prefix_indices(count: int, nframes: int, prefix_end: int | None) -> list[int]:
+    """The source frames sent for an episode cut after `prefix_end`: first, last and evenly between."""
+    return sample_indices(prefix_count(count, prefix_end), nframes)
+
+
+def prepare_frames(limits: FrameLimits, budget: DecodeBudget | None = None, *, prefix_end: int | None = None,
+                   **source) -> EncodedFrames:
+    """Decode only the frames to send (at the sizes sent), then encode them (`encode_prefix`).
+    Without a budget (benches, tools): unbounded."""
+    decoded = decode_source(limits, lambda count: [prefix_indices(count, limits.nframes, prefix_end)],
+                            budget or DecodeBudget.unbounded(), **source)
+    return encode_prefix(limits, decoded, prefix_end)
+
+
+def encode_prefix(limits: FrameLimits, decoded: DecodedSource, prefix_end: int | None = None) -> EncodedFrames:
+    """Sample → resize (one size for all: vLLM refuses mixed sizes) → JPEG once. Video frames follow
+    qwen-vl-utils' video rule; stills (first and last frame) its image rule. A JPEG already made for
+    the same frame at the same size (another prefix of a dense curve) is reused."""
+    started = time.perf_counter()
+    wanted = prefix_indices(decoded.count, limits.nframes, prefix_end)
+    indices = [i for i in wanted if i in decoded]  # a video frame that would not decode is left out
+    if not indices or indices[0] != wanted[0] or indices[-1] != wanted[-1]:
+        # The first and the last frame are what the model judges by (PRIMO-R1's two stills): never another.
+        missing = wanted[0] if not indices or indices[0] != wanted[0] else wanted[-1]
+        raise MediaDecodeError(f"frame {missing} of the episode could not be decoded", field=decoded.field)
+    first_shape = decoded.sizes[indices[0]]
+    if any(decoded.sizes[i] != first_shape for i in indices):
+        raise MediaDecodeError("frames of one episode must all have the same size", field=decoded.field)
+    (height, width), still = episode_sizes(limits, *first_shape, len(indices), decoded.field)
+
+    def jpeg(index: int, size: tuple[int, int]) -> bytes:
+        """The frame as a JPEG of `size`: one made before (or sent at that size: forwarded as is)."""
+        key = (index, *size)
+        if key not in decoded.jpegs:
+            decoded.jpegs[key] = encode_jpeg(np.ascontiguousarray(decoded.frame_at(index, size)), limits.jpeg_quality)
+        return decoded.jpegs[key]
+
+    jpegs = [jpeg(i, (height, width)) for i in indices]
+    stills = [jpeg(i, still) for i in (indices[0], indices[-1])] if still is not None else []
+    return EncodedFrames(
+        jpegs=jpegs, indices=indices, source_count=decoded.count, width=width, height=height,
+        sampled_fps=decoded.fps * len(indices) / prefix_count(decoded.count, prefix_end), load_ms=decoded.load_ms,
+        encode_ms=(time.perf_counter() - started) * 1e3, stills=stills,
+        still_size=(still[1], still[0]) if still is not None else None,
+    )

@@ -1,0 +1,282 @@
+"""The /compare pipeline (RL-VLM-F preferences): two episodes of one task → label 0, 1 or -1.
+
+Built on the scorer's pieces, not beside them: each episode's frames are resolved, loaded,
+sampled, resized and stored exactly as /score does (`Scorer.load_episode`), the body is laid out
+by proxy/prompting/layouts.py (each episode's label text, then its media), every upstream call goes through the
+backend's pool under the one retry policy, and the reply is read by proxy/answers/preference.py. One query is
+one call; `two_step` makes it two (step 1 compares in words with both episodes, step 2 is text
+only and reads the label from step 1's reply); `swap` asks both orders concurrently and reports a
+disagreement as no preference. Every comparison, labelled or failed, leaves one audit line
+(`"kind": "compare"`) and counts in `vlm_proxy_comparisons_total`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from proxy.answers.preference import (
+    DEFAULT_COMPARE_PROMPT,
+    PROMPT_NAME,
+    ComparePrompt,
+    combine_orders,
+    parse_compare_template,
+    parse_label,
+    read_description,
+    swap_label,
+)
+from proxy.answers.reply import ChatReply
+from proxy.errors import (
+    MAX_REPLY_CHARS,
+    InvalidRequest,
+    LabelParseError,
+    ProxyError,
+    TokenBudgetExceeded,
+    UpstreamTimeout,
+)
+from proxy.pipelines.batch import run_batch
+from proxy.pipelines.scoring import Scorer
+from proxy.prompting.layouts import (
+    build_compare_body,
+    build_text_body,
+    encode_body,
+    prompt_token_bound,
+    vision_token_count,
+)
+from proxy.prompting.request import SAMPLING_FIELDS, ResolvedRequest, resolve_request, sampling_for_ask
+from proxy.prompting.templates import PromptStore
+from proxy.schemas import CompareOrder, CompareRequest, CompareResponse, PromptInfo, ScoreRequest
+from proxy.upstream.backends import Backend
+from proxy.upstream.retry import Attempt, call_with_retries
+
+__all__ = ["ORDERS", "Comparer"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+ORDERS = ([0, 1], [1, 0])
+
+
+@dataclass
+class _Comparison:
+    """One comparison's settings and what it went through (its audit line)."""
+
+    backend: Backend
+    prompt: ComparePrompt
+    values: dict[str, Any]  # the template's variables
+    resolved: ResolvedRequest
+    two_step: bool
+    ends: float  # monotonic time by which the last call must be done
+    budgeted: bool  # `ends` is the caller's budget (else the retry deadline)
+    frames: list[Any] = field(default_factory=list)  # EncodedFrames per episode, the request's order
+    fps: float = 0.0
+    calls: int = 0
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class Comparer:
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+        self.prompts = PromptStore(scorer.prompts.directory, parser=parse_compare_template)
+
+    async def compare(self, request: CompareRequest, *, admit: bool = True,
+                      budget_s: float | None = None) -> CompareResponse:
+        started = time.perf_counter()
+        metrics, audit = self.scorer.metrics, self.scorer.audit
+        try:
+            backend = self.scorer.registry.resolve(request.backend)
+        except ProxyError as err:
+            metrics.comparisons.labels("none", err.code).inc()
+            raise
+        record: dict[str, Any] = {
+            "kind": "compare", "backend": backend.name, "task_text": request.task_text,
+            "metadata": [e.metadata.model_dump(exclude_none=True) if e.metadata else None for e in request.episodes],
+            "two_step": request.two_step, "swap": request.swap}
+        comparison: _Comparison | None = None
+        metrics.in_flight.labels(backend.name).inc()
+        try:
+            if admit:
+                backend.pool.check_admission()
+            comparison = self._prepare(request, backend, budget_s, record)
+            response = await self._compare(request, comparison, started)
+        except ProxyError as err:
+            err.backend = backend.name
+            if comparison is not None and err.attempts is not None:
+                err.attempts = comparison.calls  # every step and order, not only the one that failed
+            metrics.comparisons.labels(backend.name, err.code).inc()
+            audit.write({**record, "error": {"code": err.code, "message": err.message}, "attempts": err.attempts})
+            raise
+        finally:
+            metrics.in_flight.labels(backend.name).dec()
+        metrics.comparisons.labels(backend.name, str(response.label)).inc()
+        metrics.compare_latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
+        audit.write({**record, "model": response.model, "label": response.label, "agree": response.agree,
+                     "orders": [{**o.model_dump(include={"order", "raw_label", "label", "source"}),
+                                 "output_text": o.output_text[:MAX_REPLY_CHARS],
+                                 "description": o.description and o.description[:MAX_REPLY_CHARS]}
+                                for o in response.orders],
+                     "attempts": response.attempts, "timings_ms": response.timings_ms})
+        return response
+
+    def _prepare(self, request: CompareRequest, backend: Backend, budget_s: float | None,
+                 record: dict[str, Any]) -> _Comparison:
+        cfg = backend.config
+        name = request.prompt or DEFAULT_COMPARE_PROMPT
+        if not PROMPT_NAME.match(name) or not self.prompts.path_of(name).is_file():
+            raise InvalidRequest(f"prompt {name!r} is not a comparison template; prompts_dir holds "
+                                 f"{', '.join(self.prompt_names()) or 'none'}", field="prompt")
+        prompt = self.prompts.get(name)
+        record["prompt"] = {"name": prompt.name, "sha256": prompt.sha256}
+        values: dict[str, Any] = {"task_text": request.task_text}
+        sampling: dict[str, Any] = {}
+        for key, value in request.backend_kwargs.items():
+            if key in SAMPLING_FIELDS:
+                sampling[key] = value
+            elif key in prompt.variable_names - {"task_text"}:
+                values[key] = value
+            else:
+                own = ", ".join(sorted(prompt.variable_names - {"task_text"})) or "none"
+                fields = ", ".join(sorted(SAMPLING_FIELDS))
+                raise InvalidRequest(f"backend_kwargs.{key} is not a sampling field ({fields}) or a variable of "
+                                     f"prompt {name!r} ({own})", field=f"backend_kwargs.{key}")
+        first = self._episode_request(request, 0, sampling)
+        resolved = resolve_request(first, cfg, self.scorer.prompts.get(cfg.prompt), self.scorer.settings.proxy)
+        if cfg.layout == "images" and 2 * resolved.limits.nframes > cfg.frames.nframes:
+            raise InvalidRequest(f"backend uses the images layout, one image per frame; two episodes of "
+                                 f"{resolved.limits.nframes} frames are over its frames.nframes={cfg.frames.nframes} "
+                                 f"images (--limit-mm-per-prompt): ask for at most {cfg.frames.nframes // 2}",
+                                 field="nframes")
+        record["sampling"] = resolved.sampling.model_dump(exclude_none=True)
+        seconds, budgeted = cfg.retry.deadline_s, False
+        if budget_s is not None and budget_s < seconds:
+            seconds, budgeted = budget_s, True
+        return _Comparison(backend=backend, prompt=prompt, values=values, resolved=resolved,
+                           two_step=request.two_step, ends=time.monotonic() + seconds, budgeted=budgeted,
+                           record=record)
+
+    def prompt_names(self) -> list[str]:
+        return sorted(p.stem for p in self.prompts.directory.glob("compare_*.yaml") if PROMPT_NAME.match(p.stem))
+
+    @staticmethod
+    def _episode_request(request: CompareRequest, index: int, sampling: dict[str, Any]) -> ScoreRequest:
+        episode = request.episodes[index]
+        return ScoreRequest(task_text=request.task_text, video_path=episode.video_path, frames=episode.frames,
+                            frames_npy=episode.frames_npy, fps=episode.fps, video_fps=request.video_fps,
+                            nframes=request.nframes, max_pixels=request.max_pixels, backend=request.backend,
+                            backend_kwargs=sampling)
+
+    async def _compare(self, request: CompareRequest, c: _Comparison, started: float) -> CompareResponse:
+        cfg, sampling = c.backend.config, {k: v for k, v in request.backend_kwargs.items() if k in SAMPLING_FIELDS}
+        loaded = await asyncio.gather(*(self.scorer.load_episode(
+            self._episode_request(request, i, sampling), cfg, c.resolved.limits, c.resolved.requested_nframes)
+            for i in (0, 1)))
+        c.frames, c.fps = [item[0] for item in loaded], loaded[0][1]
+        infos = [item[2].model_copy(update={"fps": round(c.fps, 6)}) for item in loaded]  # one rate is sent
+        c.record.update(frames=[i.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
+                                                      "vision_tokens", "sha256", "still_sha256"}) for i in infos],
+                        frame_store=[item[3] for item in loaded])
+        self._check_token_budget(c)
+        upstream_started = time.perf_counter()
+        orders = ORDERS if request.swap else ORDERS[:1]
+        tasks = [asyncio.ensure_future(self._query(c, order)) for order in orders]
+        try:
+            answered: list[CompareOrder] = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        label, agree = ((answered[0].label, None) if len(answered) == 1
+                        else combine_orders(answered[0].raw_label, answered[1].raw_label))
+        finished = time.perf_counter()
+        load_ms = sum(f.load_ms + f.encode_ms for f in c.frames)
+        return CompareResponse(
+            label=label, agree=agree, orders=answered, backend=c.backend.name, model=cfg.model,
+            two_step=request.two_step, swap=request.swap, attempts=c.calls,
+            prompt=PromptInfo(name=c.prompt.name, sha256=c.prompt.sha256), frames=infos,
+            sampling=c.record["sampling"],
+            timings_ms={"load": round(load_ms, 3), "upstream": round((finished - upstream_started) * 1e3, 3),
+                        "total": round((finished - started) * 1e3, 3)})
+
+    async def _query(self, c: _Comparison, order: list[int]) -> CompareOrder:
+        """One order: one call, or two with two_step."""
+        cfg, prompt = c.backend.config, c.prompt
+        system = prompt.render("system", c.values)
+        labels = [prompt.render("episode_label", {**c.values, "number": n}) or "" for n in (1, 2)]
+        shown = [c.frames[i] for i in order]
+        calls_before, description = c.calls, None
+        if c.two_step:
+            body = build_compare_body(cfg, c.resolved.sampling, system, labels,
+                                      prompt.render("describe", c.values) or "", shown, c.fps)
+            _, description, _ = await self._ask(
+                c, body, lambda r: read_description(r.text, finish_reason=r.finish_reason))
+            body = build_text_body(cfg, c.resolved.sampling, system,
+                                   prompt.render("label", {**c.values, "description": description}) or "")
+        else:
+            body = build_compare_body(cfg, c.resolved.sampling, system, labels,
+                                      prompt.render("query", c.values) or "", shown, c.fps)
+        reply, (raw, source), asks = await self._ask(
+            c, body, lambda r: parse_label(r.text, prompt, finish_reason=r.finish_reason))
+        return CompareOrder(order=order, raw_label=raw, label=raw if order == [0, 1] else swap_label(raw),
+                            output_text=reply.text, description=description, source=source,
+                            attempts=c.calls - calls_before, asks=asks, endpoint=reply.endpoint, usage=reply.usage)
+
+    async def _ask(self, c: _Comparison, body: dict[str, Any], parse: Callable[[ChatReply], T]
+                   ) -> tuple[ChatReply, T, int]:
+        """One step under the retry policy: (reply, what parse read from it, asks)."""
+        cfg, backend, metrics = c.backend.config, c.backend, self.scorer.metrics
+        first_ask, asks = encode_body(body), 0
+
+        async def send(attempt: Attempt) -> ChatReply:
+            nonlocal asks
+            asks = attempt.parse_round + 1
+            payload = first_ask if attempt.parse_round == 0 else encode_body(
+                body, sampling_for_ask(cfg, c.resolved.sampling, attempt.parse_round))
+            return await backend.call(attempt, metrics, lambda endpoint: self.scorer.upstream.chat(
+                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
+
+        def seen(reply: ChatReply) -> None:
+            c.record["output_text"] = reply.text[:MAX_REPLY_CHARS]
+            c.record["finish_reason"], c.record["endpoint"] = reply.finish_reason, reply.endpoint
+            self.scorer.count_reply(backend.name, reply)
+
+        def read(reply: ChatReply) -> T:
+            try:
+                return parse(reply)
+            except LabelParseError:
+                metrics.parse_failures.labels(backend.name).inc()
+                raise
+
+        left = c.ends - time.monotonic()
+        if left <= 0:
+            raise UpstreamTimeout(f"{'the caller' if c.budgeted else 'the retry'} deadline ran out between steps",
+                                  attempts=c.calls)
+        try:
+            budget = left if c.budgeted or left < cfg.retry.deadline_s - 1 else None  # None: the deadline's own words
+            reply, parsed, calls = await call_with_retries(cfg.retry, send, read, budget_s=budget, on_reply=seen)
+        except ProxyError as err:
+            c.calls += err.attempts or 0
+            raise
+        c.calls += calls
+        return reply, parsed, asks
+
+    def _check_token_budget(self, c: _Comparison) -> None:
+        cfg = c.backend.config
+        if cfg.max_model_len is None:
+            return
+        texts = [c.prompt.texts[k] or "" for k in ("system", "query", "describe")]
+        chars = sum(map(len, texts)) + 2 * len(c.prompt.texts["episode_label"] or "") + len(c.values["task_text"])
+        needed = (prompt_token_bound(cfg.layout, c.frames[0], chars) + vision_token_count(cfg.layout, c.frames[1])
+                  + c.resolved.sampling.max_tokens)
+        if needed > cfg.max_model_len:
+            raise TokenBudgetExceeded(f"two episodes of {c.resolved.limits.nframes} frames need about {needed} tokens "
+                                      f"with max_tokens {c.resolved.sampling.max_tokens}, over max_model_len "
+                                      f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
+
+    async def compare_batch(self, items: list[Any], *, budget_s: float | None = None) -> list[dict[str, Any]]:
+        """Every item compared concurrently; each gets its own result or its own error, in order."""
+        return await run_batch(items, lambda item: self.compare(CompareRequest.model_validate(item), admit=False,
+                                                                budget_s=budget_s), "batch comparison")

@@ -1,0 +1,143 @@
+"""POST /score/dense: one episode's progress curve — k prefixes, each scored as /score scores an
+episode that ended there, concurrently, from one decode of the source.
+
+Each prefix is a full /score (template, layout, retries, parsing, metrics) with `prefix_end` set,
+so a PRIMO-R1 prefix is [first frame, frames up to t, frame t, text], exactly its training input
+at step t. The source is decoded once at the union of the prefixes' frames, and a frame's JPEG is
+made once per size. The curve is all or nothing: a curve with a hole is not a curve, so the first
+point that fails fails the request (its error, naming the point) and the others are cancelled.
+Points are capped by proxy.max_batch_items (k points are k calls, like a batch of k).
+Audit lines: one per point, `kind: dense_point`, so reports never count a prefix as an episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from proxy.errors import InvalidRequest, ProxyError
+from proxy.media.budget import DecodeBudget
+from proxy.media.decode import decode_source
+from proxy.media.encode import encode_prefix, prefix_indices
+from proxy.pipelines.scoring import Scorer
+from proxy.prompting.request import resolve_request
+from proxy.schemas import ScoreRequest, ScoreResponse
+from vlm_protocol.frames import sample_indices
+
+__all__ = ["DEFAULT_POINTS", "DenseRequest", "DenseResponse", "score_dense"]
+
+DEFAULT_POINTS = 8
+
+
+class DenseRequest(ScoreRequest):
+    """POST /score/dense: one episode scored at several prefixes (each as /score would score an episode
+    that ended there) → a progress curve. Costs one scoring call per point, run concurrently."""
+
+    points: int | None = Field(None, ge=2)  # prefixes ending evenly over the episode, the last at its end
+    # or exactly these source frame indices, increasing
+    prefix_ends: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=2)
+
+    @model_validator(mode="after")
+    def _one_way_to_pick_points(self) -> DenseRequest:
+        if self.prefix_end is not None:
+            raise ValueError("prefix_end is chosen per point here: give points or prefix_ends")
+        if self.points is not None and self.prefix_ends is not None:
+            raise ValueError("give points or prefix_ends, not both")
+        return self
+
+    @field_validator("prefix_ends")
+    @classmethod
+    def _increasing(cls, ends: list[int] | None) -> list[int] | None:
+        if ends is not None and ends != sorted(set(ends)):
+            raise ValueError("prefix_ends must be distinct source frame indices, in increasing order")
+        return ends
+
+
+class CurvePoint(BaseModel):
+    frame_index: int  # the prefix's last source frame (PRIMO-R1's "current frame")
+    score: float  # normalised to [0, 1], as /score
+    raw_score: float
+
+
+class DenseResponse(BaseModel):
+    curve: list[CurvePoint]  # in frame order; the last point is the whole episode (points) or prefix_ends[-1]
+    points: list[ScoreResponse]  # each prefix's whole /score result (frames, prompt, sampling, usage)
+    backend: str
+    model: str
+    source_count: int  # frames in the episode
+    attempts: int  # upstream calls in all (one per point, plus retries)
+    usage: dict[str, int]  # token usage summed over the points' scored replies
+    timings_ms: dict[str, float]  # load (one decode for every point), total
+
+
+async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float | None = None) -> DenseResponse:
+    started = time.perf_counter()
+    points = len(request.prefix_ends or ()) or request.points or DEFAULT_POINTS
+    cap = scorer.settings.proxy.max_batch_items
+    if points > cap:
+        raise InvalidRequest(f"{points} points is over the cap of {cap} (proxy.max_batch_items: k points are k calls)",
+                             field="prefix_ends" if request.prefix_ends else "points")
+    backend = scorer.registry.resolve(request.backend)
+    cfg = backend.config
+    limits = resolve_request(request, cfg, scorer.prompts.get(cfg.prompt), scorer.settings.proxy).limits
+    backend.pool.check_admission()  # the curve is admitted as a whole, like a batch
+    ends: list[int] = []
+
+    def episodes_for(count: int) -> list[list[int]]:
+        ends[:] = _prefix_ends(request, count)
+        return [prefix_indices(count, limits.nframes, end) for end in ends]
+
+    def decode_and_encode(budget: DecodeBudget):
+        """One decode for every prefix, each frame kept only at the sizes its prefixes send (within one
+        request budget), then every prefix's JPEGs: the decoded frames never leave the media thread."""
+        decoded = decode_source(limits, episodes_for, budget, **scorer.source_of(request))
+        return decoded.count, decoded.load_ms, [encode_prefix(limits, decoded, end) for end in ends]
+
+    count, load_ms, encoded = await scorer.media.run(decode_and_encode)
+    base = request.model_dump(exclude={"points", "prefix_ends"})
+    tasks = [asyncio.ensure_future(scorer.score(
+        ScoreRequest.model_validate({**base, "prefix_end": end}), admit=False, budget_s=budget_s,
+        encoded=encoded[point], dense={"point": point, "points": len(ends)})) for point, end in enumerate(ends)]
+    try:
+        done = await asyncio.gather(*tasks)
+    except ProxyError as err:
+        point = next((i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception() is err), None)
+        if point is not None:
+            err.message = f"point {point + 1} of {len(ends)} (prefix ending at frame {ends[point]}): {err.message}"
+        raise
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    usage: dict[str, int] = {}
+    for result in done:
+        for key, value in (result.usage or {}).items():
+            if isinstance(value, int):
+                usage[key] = usage.get(key, 0) + value
+    return DenseResponse(
+        curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)
+               for end, r in zip(ends, done, strict=True)],
+        points=done, backend=backend.name, model=done[-1].model, source_count=count,
+        attempts=sum(r.attempts for r in done), usage=usage,
+        timings_ms={"load": round(load_ms, 3), "total": round((time.perf_counter() - started) * 1e3, 3)})
+
+
+def _prefix_ends(request: DenseRequest, count: int) -> list[int]:
+    """The prefixes' last frames: `prefix_ends` as given (each within the episode), or `points`
+    spread as frames are sampled (first frame's prefix excluded: it holds one frame, no progress)."""
+    if request.prefix_ends is not None:
+        if request.prefix_ends[-1] >= count:
+            raise InvalidRequest(f"prefix_ends[-1] {request.prefix_ends[-1]} is past the episode's last frame "
+                                 f"({count - 1})", field="prefix_ends")
+        return list(request.prefix_ends)
+    points = request.points or DEFAULT_POINTS
+    if count < 2:
+        raise InvalidRequest(f"a dense curve needs at least 2 frames, the episode has {count}", field="points")
+    ends = sample_indices(count, points + 1)[1:]  # the first end would be frame 0 alone
+    if len(ends) < points:
+        raise InvalidRequest(f"points {points} is more than the episode's {count - 1} prefixes after its first frame",
+                             field="points")
+    return ends

@@ -1,0 +1,163 @@
+"""OpenAI-compatible pass-through: /v1/chat/completions routed by `model` to a backend.
+
+The body goes upstream untouched (the model name is rewritten only when an alias was used);
+vLLM's answer comes back as it was, streaming included. Retries (same policy as /score) happen
+only before the first byte reaches the client: once a stream has started it is relayed as is.
+A stream holds its endpoint slot until its last byte, and whatever ends it — the last byte, an
+error, or the client going away before or after the first byte — releases the slot and closes
+the upstream response (`RelayStream`, sent by the HTTP layer's `RelayedStream`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
+from proxy.metrics import Metrics
+from proxy.pipelines.json_peek import Field, NotJsonObject, peek_fields, splice
+from proxy.upstream.backends import Backend, BackendRegistry
+from proxy.upstream.client import UpstreamAnswer, UpstreamClient, UpstreamStream, translate_status
+from proxy.upstream.pool import Reservation
+from proxy.upstream.retry import Attempt, call_with_retries
+
+
+@dataclass
+class Relayed:
+    """An upstream answer to hand back: a whole body, or a stream the caller must send or close."""
+
+    backend: str
+    status_code: int
+    content: bytes | None
+    stream: RelayStream | None
+    media_type: str
+    attempts: int
+
+
+@dataclass
+class RelayStream:
+    """A streamed upstream answer as plain parts: its chunks, and the cleanup (close the upstream
+    response, release the endpoint slot) that must run exactly once however the relay ends. The
+    HTTP layer wraps it in its response (proxy/http/openai_routes.py's RelayedStream)."""
+
+    chunks: AsyncIterator[bytes]
+    cleanup: Callable[[bool], Awaitable[None]]  # called with whether the last chunk was sent
+
+
+@dataclass(frozen=True)
+class RoutingFields:
+    """What routing reads of a chat body: `model` (its value and span) and whether it streams."""
+
+    model: Field
+    stream: bool
+
+
+def routing_fields(raw_body: bytes) -> RoutingFields:
+    """A chat body's `model` and `stream`, without parsing its megabytes of frames; 422 when the
+    body is not one JSON object with a string `model`."""
+    try:
+        fields = peek_fields(raw_body, _ROUTING)
+    except NotJsonObject as err:
+        raise InvalidRequest(f"the request body is not valid JSON ({err})", field="body") from err
+    model = fields.get("model")
+    if model is None or not isinstance(model.value, str):
+        raise InvalidRequest("body must be a JSON object with a string 'model'", field="model")
+    stream = fields.get("stream")
+    if stream is not None and stream.value is not None and not isinstance(stream.value, bool):
+        # OpenAI's `stream` is a boolean (or null). vLLM reads "false", 0 or "no" as False in
+        # pydantic's lax mode: relaying any of them as a stream would answer what vLLM did not.
+        given = stream.value if isinstance(stream.value, bytes) else json.dumps(stream.value).encode()
+        raise InvalidRequest(f"'stream' must be true, false or null, not {given[:40].decode('utf-8', 'replace')}",
+                             field="stream")
+    return RoutingFields(model, stream is not None and stream.value is True)
+
+
+_ROUTING = frozenset({"model", "stream"})
+
+
+class ChatPassthrough:
+    def __init__(self, registry: BackendRegistry, upstream: UpstreamClient, metrics: Metrics) -> None:
+        self.registry = registry
+        self.upstream = upstream
+        self.metrics = metrics
+
+    def models(self) -> dict:
+        data = []
+        for backend in self.registry.of_kind("chat"):  # an embedding backend serves /progress, not chat
+            for label in dict.fromkeys(backend.labels):  # ordered, no repeats
+                data.append({"id": label, "object": "model", "owned_by": "vlm-reward-proxy",
+                             "root": backend.config.model, "backend": backend.name})
+        return {"object": "list", "data": data}
+
+    async def relay(self, raw_body: bytes, request: RoutingFields, *, budget_s: float | None = None) -> Relayed:
+        backend = self.registry.resolve(request.model.value, field="model")
+        backend.pool.check_admission()
+        if request.model.value != backend.config.model:  # an alias: vLLM knows the served name only
+            raw_body = splice(raw_body, request.model, backend.config.model)
+        if request.stream:
+            return await self._relay_stream(backend, raw_body, budget_s)
+        return await self._relay_whole(backend, raw_body, budget_s)
+
+    def _count_answer(self, backend: Backend, endpoint_url: str, answer: UpstreamAnswer | UpstreamStream) -> None:
+        """A 2xx is ok; a 4xx vLLM answered is relayed as is, but counted as what it is."""
+        if isinstance(answer, UpstreamAnswer) and answer.status_code >= 400:
+            err = translate_status(answer, endpoint_url)
+            code = err.code if isinstance(err, UpstreamError) else UpstreamRejected.code
+            self.metrics.upstream_calls.labels(backend.name, endpoint_url, code).inc()
+        else:
+            self.metrics.upstream_calls.labels(backend.name, endpoint_url, "ok").inc()
+
+    async def _forward(self, backend: Backend, body: bytes, attempt: Attempt, *,
+                       stream: bool) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
+        """One upstream call on a reserved slot; the caller releases the reservation."""
+        pool = backend.pool
+        reservation = await pool.reserve(attempt.avoid)
+        attempt.sent = True
+        endpoint = reservation.endpoint
+        try:
+            response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,
+                                                   api_key=backend.config.api_key(), stream=stream)
+        except UpstreamError as err:
+            backend.note_failure(endpoint, err, self.metrics, attempt)
+            pool.release(reservation, ok=False)
+            raise
+        except BaseException:
+            pool.release(reservation, ok=False)
+            raise
+        self._count_answer(backend, endpoint.base_url, response)
+        return reservation, response
+
+    async def _relay_whole(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
+        async def send(attempt: Attempt) -> UpstreamAnswer | UpstreamStream:
+            reservation, response = await self._forward(backend, body, attempt, stream=False)
+            backend.pool.release(reservation, ok=True)
+            return response  # read whole: not streamed, so an UpstreamAnswer
+
+        response, _, calls = await call_with_retries(backend.config.retry, send, lambda r: r, budget_s=budget_s)
+        return Relayed(backend.name, response.status_code, response.content, None,
+                       response.headers.get("content-type", "application/json"), calls)
+
+    async def _relay_stream(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
+        """Hold the endpoint slot until the last byte; retry only while nothing was sent."""
+        pool = backend.pool
+
+        async def send(attempt: Attempt) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
+            return await self._forward(backend, body, attempt, stream=True)
+
+        (reservation, response), _, calls = await call_with_retries(backend.config.retry, send, lambda r: r,
+                                                                    budget_s=budget_s)
+        if isinstance(response, UpstreamAnswer):  # not a 200: forward() read it whole
+            pool.release(reservation, ok=True)
+            return Relayed(backend.name, response.status_code, response.content, None,
+                           response.headers.get("content-type", "application/json"), calls)
+        media_type = response.headers.get("content-type", "text/event-stream")
+
+        async def cleanup(finished: bool) -> None:
+            try:
+                await response.aclose()
+            finally:
+                pool.release(reservation, ok=finished)
+
+        stream = RelayStream(response.chunks(), cleanup)
+        return Relayed(backend.name, 200, None, stream, media_type, calls)

@@ -1,0 +1,261 @@
+"""The /score pipeline: media → prompt → layout → upstream (under the retry policy) → parse.
+
+No FastAPI here: the routes are thin wrappers around `Scorer.score`. Every episode, scored or
+failed, leaves one audit line with what is needed to reproduce it (prompt hash, frame hashes,
+sampling, attempts, the model's last reply) — never media.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.answers.estimate import Estimated, estimate
+from proxy.answers.reply import ChatReply
+from proxy.audit import AuditLog
+from proxy.config import BackendConfig, SamplingConfig, Settings
+from proxy.errors import MAX_REPLY_CHARS, ProxyError, ScoreParseError, TokenBudgetExceeded
+from proxy.media.budget import DecodeBudget, MediaExecutor
+from proxy.media.decode import FrameLimits
+from proxy.media.encode import EncodedFrames, prepare_frames
+from proxy.media.frame_store import FrameStore
+from proxy.metrics import Metrics
+from proxy.pipelines.batch import run_batch
+from proxy.prompting.layouts import build_chat_body, encode_body, prompt_token_bound, vision_token_count
+from proxy.prompting.request import presentation_fps, resolve_request, sampling_for_ask
+from proxy.prompting.templates import PromptStore, apply_seed_overrides
+from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
+from proxy.upstream.backends import Backend, BackendRegistry
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.retry import Attempt, call_with_retries
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Trace:
+    """What one episode went through so far: the audit line of a success and of a failure."""
+
+    backend: str
+    task_text: str
+    kind: str = "score"  # "dense_point": one prefix of a /score/dense curve (reports count episodes apart)
+    dense: dict[str, int] | None = None  # that prefix's place in its curve: point, points
+    metadata: dict[str, Any] | None = None
+    asked: dict[str, Any] | None = None  # the request's own max_pixels and backend_kwargs (replay reuses them)
+    prompt: PromptInfo | None = None
+    frames: FramesInfo | None = None
+    sampling: dict[str, Any] | None = None  # of the last ask sent
+    asks: int = 0
+    last_reply: ChatReply | None = None
+    usage_all_calls: dict[str, int] = field(default_factory=dict)
+    frame_store: dict[str, Any] | None = None  # what the frame store did with this episode's JPEGs
+
+    def saw(self, reply: ChatReply) -> None:
+        self.last_reply = reply
+        for key, value in (reply.usage or {}).items():
+            if isinstance(value, int):
+                self.usage_all_calls[key] = self.usage_all_calls.get(key, 0) + value
+
+    def record(self) -> dict[str, Any]:
+        reply = self.last_reply
+        return {
+            "backend": self.backend, "task_text": self.task_text,
+            **({"kind": self.kind, "dense": self.dense} if self.dense else {}),
+            "metadata": self.metadata, "asked": self.asked,
+            "prompt": self.prompt.model_dump() if self.prompt else None,
+            "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
+                                                       "sampled_fps", "vision_tokens", "sha256", "still_sha256"})
+                       if self.frames else None),
+            "frame_store": self.frame_store,
+            "sampling": self.sampling, "asks": self.asks,
+            "output_text": reply.text[:MAX_REPLY_CHARS] if reply else None,
+            "finish_reason": reply.finish_reason if reply else None,
+            "endpoint": reply.endpoint if reply else None,
+            "usage": reply.usage if reply else None, "usage_all_calls": self.usage_all_calls or None,
+        }
+
+
+def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str | None:
+    """What this episode's prompt shares with others (routing.policy affinity): the caller's
+    group_id, else the first frame where the prompt opens with it (vLLM hashes an image by its
+    bytes, and the same pixels make the same JPEG here), else nothing worth a replica."""
+    if request.metadata is not None and request.metadata.group_id is not None:
+        return f"group:{request.metadata.group_id}"
+    if layout == "primo_interleave" and frames.still_sha256:
+        return f"frame:{frames.still_sha256[0]}"
+    if layout == "images":
+        return f"frame:{frames.sha256[0]}"
+    return None
+
+
+class Scorer:
+    def __init__(self, settings: Settings, registry: BackendRegistry, prompts: PromptStore,
+                 upstream: UpstreamClient, metrics: Metrics, audit: AuditLog,
+                 frame_store: FrameStore | None = None, *, media: MediaExecutor) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.prompts = prompts
+        self.upstream = upstream
+        self.metrics = metrics
+        self.audit = audit
+        self.frame_store = frame_store
+        self.media = media  # the app's bounded media threads: every decode and encode runs there
+
+    async def score(self, request: ScoreRequest, *, admit: bool = True, budget_s: float | None = None,
+                    encoded: EncodedFrames | None = None, dense: dict[str, int] | None = None) -> ScoreResponse:
+        """Score one episode. `admit=False` skips the queue-full check (batch items were
+        admitted as a whole); they still wait for endpoint slots like everyone else.
+        `budget_s`: how long the caller will wait (its deadline caps the retry policy's).
+        `encoded`, `dense`: a prefix of a dense curve, its frames made in the one decode of the curve."""
+        started = time.perf_counter()
+        try:
+            backend = self.registry.resolve(request.backend)
+        except ProxyError as err:
+            self.metrics.episodes.labels("none", err.code).inc()
+            raise
+        trace = _Trace(backend=backend.name, task_text=request.task_text,
+                       metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None,
+                       asked={"max_pixels": request.max_pixels, "backend_kwargs": request.backend_kwargs or None,
+                              **({"prefix_end": request.prefix_end} if request.prefix_end is not None else {})},
+                       kind="dense_point" if dense else "score", dense=dense)
+        self.metrics.in_flight.labels(backend.name).inc()
+        try:
+            if admit:
+                backend.pool.check_admission()
+            response = await self._score(request, backend, started, budget_s, trace, encoded)
+        except ProxyError as err:
+            err.backend = backend.name  # the true label for the HTTP request counter
+            if dense is None:  # a curve's prefixes are not episodes (the route counts the curve)
+                self.metrics.episodes.labels(backend.name, err.code).inc()
+            self.audit.write({**trace.record(), "error": {"code": err.code, "message": err.message},
+                              "attempts": err.attempts})
+            raise
+        finally:
+            self.metrics.in_flight.labels(backend.name).dec()
+        if dense is None:
+            self.metrics.episodes.labels(backend.name, "ok").inc()
+            self.metrics.scores.labels(backend.name).observe(response.score)
+            self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
+        self.audit.write({**trace.record(), "model": response.model, "score": response.score,
+                          "raw_score": response.raw_score, "parse": response.parse.model_dump(),
+                          **response.model_dump(include={"samples", "spread", "logprob"}, exclude_none=True),
+                          "attempts": response.attempts, "timings_ms": response.timings_ms})
+        return response
+
+    async def _score(self, request: ScoreRequest, backend: Backend, started: float,
+                     budget_s: float | None, trace: _Trace, encoded: EncodedFrames | None) -> ScoreResponse:
+        cfg = backend.config
+        template = self.prompts.get(cfg.prompt)
+        resolved = resolve_request(request, cfg, template, self.settings.proxy)
+        trace.prompt = PromptInfo(name=template.name, sha256=template.sha256, overrides={
+            key: hashlib.sha256(text.encode()).hexdigest() for key, text in resolved.prompt_overrides.items()})
+        system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
+        system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
+
+        frames, fps, trace.frames, trace.frame_store = await self.load_episode(
+            request, cfg, resolved.limits, resolved.requested_nframes, encoded)
+        self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
+
+        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)
+        group = routing_group(request, cfg.layout, trace.frames)
+        first_ask = encode_body(body)
+        upstream_started = time.perf_counter()
+
+        async def send(attempt: Attempt) -> ChatReply:
+            sampling = sampling_for_ask(cfg, resolved.sampling, attempt.parse_round)
+            payload = first_ask if attempt.parse_round == 0 else encode_body(body, sampling)
+            trace.sampling, trace.asks = sampling, attempt.parse_round + 1
+            return await backend.call(attempt, self.metrics, lambda endpoint: self.upstream.chat(
+                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()), group)
+
+        def seen(reply: ChatReply) -> None:
+            trace.saw(reply)
+            self.count_reply(backend.name, reply)
+
+        def parse(reply: ChatReply) -> Estimated:
+            try:
+                return estimate(reply, resolved.answer, resolved.score_mode, resolved.estimate)
+            except ScoreParseError:
+                self.metrics.parse_failures.labels(backend.name).inc()
+                raise
+
+        reply, estimated, calls = await call_with_retries(cfg.retry, send, parse, budget_s=budget_s,
+                                                          on_reply=seen)
+        parsed = estimated.parsed
+        finished = time.perf_counter()
+        self.metrics.stage.labels(stage="upstream").observe(finished - upstream_started)
+        return ScoreResponse(
+            score=parsed.score, raw_score=parsed.raw_score, backend=backend.name,
+            model=reply.model or cfg.model, output_text=reply.text,
+            parse=ParseInfo(mode=parsed.mode, scale=parsed.scale, source=parsed.source,
+                            finish_reason=reply.finish_reason),
+            attempts=calls, asks=trace.asks, prompt=trace.prompt, frames=trace.frames,
+            sampling=trace.sampling or {}, usage=reply.usage, endpoint=reply.endpoint,
+            samples=estimated.samples, spread=estimated.spread, logprob=estimated.logprob,
+            constrained=resolved.estimate.constrain,
+            timings_ms={"load": round(frames.load_ms, 3), "encode": round(frames.encode_ms, 3),
+                        "upstream": round((finished - upstream_started) * 1e3, 3),
+                        "total": round((finished - started) * 1e3, 3)},
+        )
+
+    async def score_batch(self, items: list[Any], *, budget_s: float | None = None) -> list[dict[str, Any]]:
+        """Every item scored concurrently; each gets its own result or its own error, in order."""
+        return await run_batch(items, lambda item: self.score(ScoreRequest.model_validate(item), admit=False,
+                                                              budget_s=budget_s), "batch item")
+
+    async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, limits: FrameLimits, requested: int,
+                           encoded: EncodedFrames | None = None
+                           ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
+        """One episode's frames as sent, the presentation rate, their provenance and what the frame
+        store did with them (shared with /compare and /progress). `requested`: nframes asked for."""
+        if encoded is not None:  # a prefix of a dense curve: made in the curve's one decode
+            frames = encoded
+        else:
+            frames = await self.media.run(lambda budget: self._load_frames(request, limits, budget))
+        fps = presentation_fps(cfg, request, frames)
+        info = FramesInfo(
+            count=len(frames.jpegs), requested=requested, indices=frames.indices,
+            source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
+            fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
+            vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256,
+            still_sha256=frames.still_sha256)
+        stored = None
+        if self.frame_store is not None:
+            stored = (await self.frame_store.put([*frames.jpegs, *frames.stills],
+                                                 [*info.sha256, *info.still_sha256])).record()
+        self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)
+        self.metrics.stage.labels(stage="encode").observe(frames.encode_ms / 1e3)
+        return frames, fps, info, stored
+
+    def count_reply(self, backend: str, reply: ChatReply) -> None:
+        """Every reply that came back, parsed or not: by finish_reason, and its tokens."""
+        self.metrics.replies.labels(backend, reply.finish_reason or "unknown").inc()
+        for kind in ("prompt_tokens", "completion_tokens"):
+            if isinstance((reply.usage or {}).get(kind), int):
+                self.metrics.tokens.labels(backend, kind).inc(reply.usage[kind])
+
+    def _load_frames(self, request: ScoreRequest, limits: FrameLimits, budget: DecodeBudget) -> EncodedFrames:
+        return prepare_frames(limits, budget, prefix_end=request.prefix_end, **self.source_of(request))
+
+    def source_of(self, request: ScoreRequest) -> dict[str, Any]:
+        """The request's frame source as `decode_source` takes it (a video_path is checked against
+        the roots, opened and sniffed there, on the media thread: proxy/media/file.py)."""
+        return {"video_path": request.video_path, "media_roots": self.settings.proxy.allowed_media_roots,
+                "frames": request.frames, "frames_npy": request.frames_npy, "fps": request.fps}
+
+    @staticmethod
+    def _check_token_budget(cfg: BackendConfig, sampling: SamplingConfig, frames: EncodedFrames,
+                            text_chars: int) -> None:
+        if cfg.max_model_len is None:
+            return
+        needed = prompt_token_bound(cfg.layout, frames, text_chars) + sampling.max_tokens
+        if needed > cfg.max_model_len:
+            raise TokenBudgetExceeded(
+                f"{len(frames.jpegs)} frames at {frames.width}x{frames.height} need about {needed} "
+                f"tokens with max_tokens {sampling.max_tokens}, over max_model_len "
+                f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
+
+

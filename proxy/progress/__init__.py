@@ -1,0 +1,2 @@
+"""Run D: episodes → embeddings → SRPO progress per task; the pure math, the request bodies, the
+embedding call and the persistent reference store."""

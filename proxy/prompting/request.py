@@ -1,0 +1,196 @@
+"""A /score request's effective settings: backend defaults, per-request overrides within the
+caps, the seed's prompt kwargs, the frame cap, the presentation rate, and what a re-ask sends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from proxy.answers.constraints import answer_regex
+from proxy.answers.estimate import REDUCTIONS, Estimate, single_token_values
+from proxy.answers.parse import AnswerSpec
+from proxy.answers.scales import SCORE_MODES, scale_for_mode
+from proxy.config import BackendConfig, ProxySettings, SamplingConfig
+from proxy.errors import InvalidRequest
+from proxy.media.encode import EncodedFrames, FrameLimits
+from proxy.prompting.layouts import layout_has_stills
+from proxy.prompting.templates import SEED_PROMPT_KWARGS, PromptTemplate
+from proxy.schemas import ScoreRequest
+
+__all__ = ["ResolvedRequest", "frame_limits", "presentation_fps", "resolve_request", "sampling_for_ask"]
+
+SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
+MIN_MAX_PIXELS = 28 * 28  # the smallest per-frame budget a request may ask for (the seed's bound)
+MAX_SAMPLES = 16  # n per request: k decodes share one prefill, but each costs its max_tokens
+TOP_LOGPROBS = 20  # vLLM's default cap (--max-logprobs) is 20
+ESTIMATE_KWARGS = ("constrain", "samples", "reduce", "quorum", "logprob_score")
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """A request's effective settings after defaults, caps and backend_kwargs."""
+
+    sampling: SamplingConfig
+    score_mode: str
+    answer: AnswerSpec  # the template's answer on the score_mode's scale (what is parsed and constrained)
+    variables: dict[str, Any]
+    prompt_overrides: dict[str, str]  # the seed's system_prompt / user_prompt / prompt_template
+    limits: FrameLimits
+    requested_nframes: int
+    estimate: Estimate
+    upstream_fields: dict[str, Any]  # what the estimate adds to the chat body (n, structured_outputs, logprobs)
+
+
+def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate,
+                proxy: ProxySettings) -> ResolvedRequest:
+    limits, requested = frame_limits(request, cfg, proxy)
+    template_vars = template.variable_names
+    overrides, variables, prompt_overrides, score_mode, estimate_kwargs = {}, {}, {}, cfg.score_mode, {}
+    for key, value in request.backend_kwargs.items():
+        if key in SAMPLING_FIELDS:
+            overrides[key] = value
+        elif key == "score_mode":
+            if value not in SCORE_MODES:
+                raise InvalidRequest(f"score_mode must be one of {', '.join(SCORE_MODES)}",
+                                     field="backend_kwargs.score_mode")
+            score_mode = value
+        elif key in ESTIMATE_KWARGS:
+            estimate_kwargs[key] = value
+        elif key in SEED_PROMPT_KWARGS:
+            if not isinstance(value, str) or len(value) > proxy.max_prompt_chars:
+                raise InvalidRequest(f"backend_kwargs.{key} must be a string of at most "
+                                     f"{proxy.max_prompt_chars} characters (proxy.max_prompt_chars)",
+                                     field=f"backend_kwargs.{key}")
+            prompt_overrides[key] = value
+        elif key in template_vars and key != "task_text":
+            variables[key] = value
+        else:
+            raise InvalidRequest(
+                f"backend_kwargs.{key} is not a sampling field ({', '.join(sorted(SAMPLING_FIELDS))}), "
+                f"score_mode, {', '.join(ESTIMATE_KWARGS)}, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}, "
+                f"or a variable of prompt "
+                f"{cfg.prompt!r} ({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
+                field=f"backend_kwargs.{key}")
+    sampling = _override_sampling(cfg, overrides)
+    answer = replace(template.answer, scale=scale_for_mode(score_mode, template.answer.scale))
+    estimate = _estimate(estimate_kwargs, template.name, answer, sampling)
+    return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
+                           prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
+                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer))
+
+
+def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings) -> tuple[FrameLimits, int]:
+    """Which frames of the request go upstream, at what size (and the nframes asked for): the
+    backend's defaults, the request's own nframes and max_pixels within the caps."""
+    requested = request.nframes or cfg.frames.nframes
+    if requested > proxy.max_nframes:
+        raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",
+                             field="nframes")
+    # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
+    nframes = min(requested, cfg.frames.max_nframes or requested)
+    if cfg.layout == "images" and nframes > cfg.frames.nframes:
+        # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
+        raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
+                             f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
+                             field="nframes")
+    max_pixels = request.max_pixels or cfg.frames.max_pixels
+    if not MIN_MAX_PIXELS <= max_pixels <= proxy.max_pixels_limit:
+        raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
+                             f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
+    frames = cfg.frames
+    limits = FrameLimits(
+        nframes=nframes, max_pixels=max_pixels, min_pixels=frames.min_pixels,
+        video_max_pixels=frames.video_max_pixels, total_pixels=frames.total_pixels,
+        image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout),
+        jpeg_quality=frames.jpeg_quality, default_source_fps=frames.default_source_fps,
+        max_inline_frames=proxy.max_inline_frames, max_source_pixels=proxy.max_source_pixels)
+    return limits, requested
+
+
+def presentation_fps(cfg: BackendConfig, request: ScoreRequest, frames: EncodedFrames) -> float:
+    """The rate vLLM is told, by the backend's frames.presentation_fps (the same for every
+    transport: a path, frames or frames_npy carrying one episode give one body)."""
+    policy = cfg.frames.presentation_fps
+    if policy == "seed":
+        return request.video_fps or cfg.frames.default_video_fps
+    if policy == "episode":
+        return frames.sampled_fps
+    return float(policy)
+
+
+def sampling_for_ask(cfg: BackendConfig, sampling: SamplingConfig, parse_round: int) -> dict[str, Any]:
+    """The sampling fields of ask `parse_round` (0 = the first ask). A re-ask samples (so greedy
+    decoding cannot repeat the unparseable reply) with the next seed."""
+    fields = sampling.model_dump(exclude_none=True)
+    if parse_round == 0:
+        return fields
+    reask = cfg.retry.reask
+    fields["temperature"], fields["top_p"] = reask.temperature, reask.top_p
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed + parse_round
+    return fields
+
+
+def _override_sampling(cfg: BackendConfig, overrides: dict[str, Any]) -> SamplingConfig:
+    if not overrides:
+        return cfg.sampling
+    try:
+        sampling = SamplingConfig.model_validate({**cfg.sampling.model_dump(), **overrides})
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"backend_kwargs.{key}: {first['msg']}", field=f"backend_kwargs.{key}") from None
+    if sampling.max_tokens > cfg.max_tokens_limit:
+        raise InvalidRequest(f"backend_kwargs.max_tokens is over the cap of {cfg.max_tokens_limit}",
+                             field="backend_kwargs.max_tokens")
+    return sampling
+
+
+def _kwarg_error(key: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"backend_kwargs.{key} {message}", field=f"backend_kwargs.{key}")
+
+
+def _whole_number(value: Any) -> int | None:
+    """An int, or a float with no fraction (JSON's 8.0 is the integer 8, as pydantic reads it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if float(value).is_integer() else None
+
+
+def _estimate(kwargs: dict[str, Any], prompt: str, answer: AnswerSpec, sampling: SamplingConfig) -> Estimate:
+    """samples / reduce / quorum / logprob_score / constrain, checked against each other."""
+    for key in ("constrain", "logprob_score"):
+        if key in kwargs and not isinstance(kwargs[key], bool):
+            raise _kwarg_error(key, "must be true or false")
+    samples = _whole_number(kwargs.get("samples", 1))
+    if samples is None or not 1 <= samples <= MAX_SAMPLES:
+        raise _kwarg_error("samples", f"must be an integer from 1 to {MAX_SAMPLES}")
+    if samples > 1 and sampling.temperature == 0:
+        raise _kwarg_error("samples", "needs temperature > 0 (greedy decoding gives k copies of one reply): "
+                                      "add backend_kwargs.temperature")
+    reduce = kwargs.get("reduce", "median")
+    if reduce not in REDUCTIONS:
+        raise _kwarg_error("reduce", f"must be one of {', '.join(REDUCTIONS)}")
+    quorum = _whole_number(kwargs.get("quorum", (samples + 1) // 2))
+    if quorum is None or not 1 <= quorum <= samples:
+        raise _kwarg_error("quorum", f"must be an integer from 1 to samples ({samples})")
+    logprob = kwargs.get("logprob_score", False)
+    if logprob and samples > 1:
+        raise _kwarg_error("logprob_score", "and samples > 1 are two estimators: choose one")
+    if logprob and single_token_values(answer) is None:
+        raise _kwarg_error("logprob_score", f"needs a single-token scale (0-9 or binary); prompt {prompt!r} "
+                                            f"answers on {answer.scale.name} (score_mode included), whose values "
+                                            "span several tokens: use samples instead")
+    return Estimate(samples=samples, reduce=reduce, quorum=quorum, logprob=logprob,
+                    constrain=kwargs.get("constrain", answer.constrain))
+
+
+def _upstream_fields(estimate: Estimate, answer: AnswerSpec) -> dict[str, Any]:
+    fields: dict[str, Any] = {"n": estimate.samples}
+    if estimate.constrain:
+        fields["structured_outputs"] = {"regex": answer_regex(answer)}
+    if estimate.logprob:
+        fields.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+    return fields
