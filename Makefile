@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/libero.yaml
-.PHONY: install serve reference-env rlinf-env test test-fast test-real-vllm test-real-rlinf lint bench demo clean
+.PHONY: install serve reference-env rlinf-env test test-fast check test-real-vllm test-real-rlinf lint bench demo clean
+LINT_PATHS := proxy rlinf_client launchers vlm_protocol reports vlm_reward_cli tests bench scripts
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,10 @@ test: install  ## every tier; builds the reference and RLinf venvs outside the r
 test-fast: install  ## every tier that needs no venv outside the repo (a few minutes)
 	$(PY) -m pytest -m "not reference and not real_vllm and not real_rlinf"
 
+check: install  ## before pushing, under 4 min: ruff, the layout rules, the fast tiers (rules, bad input, security)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(PY) -m pytest -q tests/layout tests/rules tests/bad_input tests/security
+
 test-real-vllm: install  ## the real `vllm serve` tier alone (builds the reference venv when missing)
 	@set -euo pipefail; \
 	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
@@ -47,7 +52,7 @@ test-real-rlinf: install  ## the real RLinf LIBERO tier alone (builds its venv, 
 	$(PY) -m pytest -m real_rlinf tests/real_rlinf
 
 lint: install
-	$(VENV)/bin/ruff check proxy rlinf_client launchers vlm_protocol reports vlm_reward_cli tests bench scripts
+	$(VENV)/bin/ruff check $(LINT_PATHS)
 
 bench: install
 	$(PY) bench/bench_media.py
