@@ -5,6 +5,8 @@ HTTP head off a raw socket."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import random
 import socket
 import time
@@ -79,3 +81,15 @@ def read_http_head(sock: socket.socket) -> bytes:
             break
         data += chunk
     return data
+
+
+def assert_unopened(fifo: Path) -> None:
+    """Opening a FIFO write-only without blocking fails with ENXIO exactly when no reader has it open:
+    the proof that nothing opened a file it must not read."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as err:
+        assert err.errno == errno.ENXIO, err
+        return
+    os.close(fd)  # which also releases a reader blocked on it
+    raise AssertionError(f"something has {fifo} open for reading")

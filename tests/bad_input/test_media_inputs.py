@@ -6,7 +6,6 @@ request a non-blocking open for writing proves no reader holds them."""
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import random
@@ -20,6 +19,7 @@ import pytest
 
 from tests.bad_input.common import expect
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4
+from tests.helpers import assert_unopened
 
 
 def _score(env, path, **extra):
@@ -203,19 +203,10 @@ def test_directory_and_fifo_inside_the_root_are_not_found(env):
         os.mkfifo(fifo)
     for path in (env.media / "a_dir.mp4", fifo, env.media / "absent.mp4", env.media):
         expect(_score(env, path), 422, "media_not_found", "video_path")
-    _assert_unopened(fifo)
+    assert_unopened(fifo)
 
 
 # -- escapes: every target is a FIFO outside the root ------------------------------------------------
-def _assert_unopened(fifo: Path) -> None:
-    """Opening a FIFO write-only without blocking fails with ENXIO exactly when no reader has it open."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as err:
-        assert err.errno == errno.ENXIO, err
-        return
-    os.close(fd)  # which also releases a reader blocked on it
-    raise AssertionError(f"something has {fifo} open for reading")
 
 
 @pytest.fixture(scope="module")
@@ -258,14 +249,14 @@ def test_path_escapes_are_403_and_open_nothing(env, escapes, name):
     error = expect(_score(env, _escape_paths(env)[name]), 403, "media_forbidden", "video_path")
     assert "allowed_media_roots" in error["message"]
     assert "secret" not in error["message"]  # says nothing about the target
-    _assert_unopened(escapes["fifo"])
+    assert_unopened(escapes["fifo"])
 
 
 @pytest.mark.parametrize("path", ["episode.mp4", "./episode.mp4", "~/episode.mp4", "file:///etc/passwd",
                                   "", " /etc/passwd", "../outside/secret/episode.mp4"])
 def test_relative_paths_are_refused(env, escapes, path):
     expect(_score(env, path), 422, "invalid_request", "video_path", mentions="absolute")
-    _assert_unopened(escapes["fifo"])
+    assert_unopened(escapes["fifo"])
 
 
 @pytest.mark.parametrize("where", ["inside", "outside"])

@@ -4,8 +4,6 @@ decode that escaped would happen where it does in production (and its memory is 
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,15 +51,6 @@ def media_stack(base: Path, **proxy_overrides) -> Iterator[MediaStack]:
         primo.stop()
 
 
-def assert_unopened(fifo: Path) -> None:
-    """Opening a FIFO write-only without blocking fails with ENXIO exactly when no reader has it open."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as err:
-        assert err.errno == errno.ENXIO, err
-        return
-    os.close(fd)
-    raise AssertionError(f"something has {fifo} open for reading")
 
 
 def refusal(response: httpx.Response, status: int, code: str) -> dict:

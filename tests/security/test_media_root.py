@@ -22,8 +22,8 @@ from proxy.media.decode import FrameLimits
 from proxy.media.file import FFMPEG_CAPTURE_OPTIONS, open_video, prepare_media_roots
 from proxy.media.video import read_video
 from tests.fakes.episodes import _write_video, episode_frames, write_lossless_video, write_mp4
-from tests.helpers import REPO
-from tests.security._media_stack import MediaStack, assert_unopened, media_stack, refusal
+from tests.helpers import REPO, assert_unopened
+from tests.security._media_stack import MediaStack, media_stack, refusal
 
 LIMITS = FrameLimits(nframes=4, max_pixels=200_704, min_pixels=100_352, video_max_pixels=602_112,
                      total_pixels=90_316_800, image_min_pixels=3136, stills=False, jpeg_quality=90,
