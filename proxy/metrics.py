@@ -13,9 +13,9 @@ from vlm_protocol.errors import CODES
 
 _SCORE_BUCKETS = tuple(i / 10 for i in range(1, 11))
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-ENDPOINT_STATES = ("ready", "open", "draining")  # proxy.upstream.client.pool.Endpoint.rotation()
+ENDPOINT_STATES = ("ready", "open", "draining")  # proxy.upstream.pool.Endpoint.rotation()
 ENDPOINT_CHANGES = ("added", "removed")
-TIMEOUT_CAUSES = ("deadline", "timeout")  # vlm_proxy_upstream_timeouts_total (proxy.upstream.client.backends)
+TIMEOUT_CAUSES = ("deadline", "timeout")  # vlm_proxy_upstream_timeouts_total (proxy.upstream.backends)
 
 
 class Metrics:
@@ -95,7 +95,7 @@ class Metrics:
         self.audit_queued = Gauge("vlm_proxy_audit_queued", "Audit lines waiting for the writer thread", registry=r)
 
     def observe_endpoints(self, backend: str, endpoints: Iterable[Any]) -> None:
-        """The gauges of one backend's endpoints (proxy.upstream.client.pool.Endpoint), on a change and at each
+        """The gauges of one backend's endpoints (proxy.upstream.pool.Endpoint), on a change and at each
         scrape; the per-endpoint series of endpoints that left the pool are dropped."""
         endpoints = list(endpoints)
         present = {e.base_url for e in endpoints}

@@ -109,7 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
             proxy_cfg = settings.proxy  # media work: the app's bounded threads, each decode within one budget
             media = MediaExecutor(proxy_cfg.media_workers or default_media_workers(), MediaCaps(
                 int(proxy_cfg.max_decoded_mb * 2**20), proxy_cfg.max_video_frames, proxy_cfg.max_video_seconds))
-            stack.callback(media.close)
+            stack.push_async_callback(asyncio.to_thread, media.close)  # waits for its threads: off the loop
             app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics, audit, frame_store, media=media)
             app.state.comparer = Comparer(app.state.scorer)  # /compare, on the scorer's pieces
             app.state.passthrough = ChatPassthrough(registry, upstream, metrics)

@@ -119,10 +119,16 @@ class UpstreamClient:
         response = handed_off = None
         try:
             async with asyncio.timeout(timeout_s):
+                # sock_connect, not connect: a wait for a slot in our own pool is not the replica's.
+                # No redirects: the body (frames) and the backend's key go to the endpoint itself
+                # and nowhere else (admin_endpoint_hosts); a 3xx is a broken reply.
                 response = await self.session.post(
-                    url, data=body, headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=None, connect=min(CONNECT_TIMEOUT_S, timeout_s),
+                    url, data=body, headers=headers, allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_TIMEOUT_S, timeout_s),
                                                   sock_read=timeout_s))
+                if 300 <= response.status < 400:
+                    raise UpstreamProtocolError(f"{endpoint.base_url} answered {response.status} (a redirect): the "
+                                                "proxy never follows one", endpoint=endpoint.base_url)
                 if stream and response.status == 200:
                     handed_off = UpstreamStream(response)
                     return handed_off

@@ -6,6 +6,7 @@ servers do when they break: drop the connection, send truncated or malformed bod
 Behaviour per chat request: the next scripted action if any, else the default reply. Actions:
     {"reply": "text", "finish_reason": "stop", "delay_s": 0}
     {"status": 503, "retry_after": 2, "delay_s": 0}   any HTTP status, vLLM's error shape
+    {"status": 307, "location": URL}                 a redirect
     {"drop": true}                                   close the socket, no answer
     {"malformed": true}                              200 with a body that is not JSON
     {"truncated": true}                              200, Content-Length larger than the body
@@ -240,6 +241,8 @@ class FakeVLLM:
         if "status" in action:
             status = int(action["status"])
             extra = {"Retry-After": str(action["retry_after"])} if "retry_after" in action else {}
+            if "location" in action:  # a redirect, as a misbehaving server or a proxy in front would send
+                extra["Location"] = action["location"]
             await _send_json(writer, status, _error(action.get("message", f"fake {status}"),
                                                     "ServiceUnavailableError", status), extra)
             return True
