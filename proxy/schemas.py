@@ -4,13 +4,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from proxy.errors import InvalidRequest
 
 MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_STRING = 32, 64, 256
 Scalar = str | int | float | bool | None
 ShortString = Annotated[str, Field(max_length=MAX_METADATA_STRING)]
+
+
+def json_number(value: object) -> object:
+    """What the document calls a number or an integer: lax mode would read true as 1 and "4" as 4
+    (the document refuses both); 17.0 stays an integer, as in JSON Schema."""
+    if isinstance(value, bool | str):
+        raise ValueError("must be a JSON number")
+    return value
+
 
 
 class EpisodeMetadata(BaseModel):
@@ -91,6 +108,11 @@ class ScoreRequest(BaseModel):
     # Per-request sampling overrides (within bounds), score_mode, and template variables.
     backend_kwargs: dict[str, Any] = Field(default_factory=dict)
     metadata: EpisodeMetadata | None = None  # recorded with the result, never sent to the model
+
+    @field_validator("fps", "video_fps", "nframes", "prefix_end", "max_pixels", mode="before")
+    @classmethod
+    def _numbers_as_sent(cls, value: object) -> object:
+        return json_number(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> ScoreRequest:
@@ -204,6 +226,11 @@ class CompareEpisode(BaseModel):
     fps: float | None = Field(None, ge=0.01, le=1000)  # source rate of inline frames
     metadata: EpisodeMetadata | None = None  # recorded in the audit line, never sent to the model
 
+    @field_validator("fps", mode="before")
+    @classmethod
+    def _numbers_as_sent(cls, value: object) -> object:
+        return json_number(value)
+
     @model_validator(mode="after")
     def _one_source(self) -> CompareEpisode:
         return ScoreRequest._one_source(self)  # type: ignore[arg-type]  # the same three fields
@@ -217,14 +244,19 @@ class CompareRequest(BaseModel):
 
     task_text: str = Field(min_length=1, max_length=4096)
     episodes: list[CompareEpisode] = Field(min_length=2, max_length=2)
-    two_step: bool = False  # step 1 compares in words, step 2 (text only) reads the label from it
-    swap: bool = False  # ask both orders; a disagreement is no preference (-1)
+    two_step: StrictBool = False  # step 1 compares in words, step 2 (text only) reads the label from it
+    swap: StrictBool = False  # ask both orders; a disagreement is no preference (-1)
     prompt: str | None = None  # a comparison template, prompts/compare_*.yaml; None = compare_rlvlmf
     video_fps: float | None = Field(None, ge=0.01, le=1000)
     nframes: int | None = Field(None, ge=1)  # per episode
     max_pixels: int | None = Field(None, ge=28 * 28)
     backend: str | None = None
     backend_kwargs: dict[str, Any] = Field(default_factory=dict)  # sampling overrides, template variables
+
+    @field_validator("video_fps", "nframes", "max_pixels", mode="before")
+    @classmethod
+    def _numbers_as_sent(cls, value: object) -> object:
+        return json_number(value)
 
 
 class CompareOrder(BaseModel):

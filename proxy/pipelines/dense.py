@@ -24,7 +24,7 @@ from proxy.media.decode import decode_source
 from proxy.media.encode import encode_prefix, prefix_indices
 from proxy.pipelines.scoring import Scorer
 from proxy.prompting.request import resolve_request
-from proxy.schemas import ScoreRequest, ScoreResponse
+from proxy.schemas import ScoreRequest, ScoreResponse, json_number
 from vlm_protocol.frames import sample_indices
 
 __all__ = ["DEFAULT_POINTS", "DenseRequest", "DenseResponse", "score_dense"]
@@ -39,6 +39,11 @@ class DenseRequest(ScoreRequest):
     points: int | None = Field(None, ge=2)  # prefixes ending evenly over the episode, the last at its end
     # or exactly these source frame indices, increasing
     prefix_ends: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=2)
+
+    @field_validator("points", mode="before")
+    @classmethod
+    def _points_as_sent(cls, value: object) -> object:
+        return json_number(value)
 
     @model_validator(mode="after")
     def _one_way_to_pick_points(self) -> DenseRequest:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from proxy.schemas import ErrorDetail, FramesInfo, ScoreRequest, ShortString
 from vlm_protocol.progress import OUTCOMES
@@ -20,9 +20,9 @@ class ProgressBatchRequest(BaseModel):
 
     backend: str | None = None  # an embedding backend; None = the first one
     items: list[ScoreRequest] = Field(min_length=1)
-    include_embeddings: bool = False  # the vectors in the answer (large: for research, not training)
-    use_reference_store: bool = True  # join the task's stored references, when a store is configured
-    remember_successes: bool = True  # add this batch's successes to the store after answering
+    include_embeddings: StrictBool = False  # the vectors in the answer (large: for research, not training)
+    use_reference_store: StrictBool = True  # join the task's stored references, when a store is configured
+    remember_successes: StrictBool = True  # add this batch's successes to the store after answering
     # The store keeps references per namespace: one training run's successes are not another's.
     reference_namespace: ShortString | None = None
 

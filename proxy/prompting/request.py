@@ -136,6 +136,9 @@ def sampling_for_ask(cfg: BackendConfig, sampling: SamplingConfig, parse_round: 
 def _override_sampling(cfg: BackendConfig, overrides: dict[str, Any]) -> SamplingConfig:
     if not overrides:
         return cfg.sampling
+    for key, value in overrides.items():  # JSON numbers: lax mode would read false as 0.0 and "1" as 1
+        if isinstance(value, bool | str):
+            raise InvalidRequest(f"backend_kwargs.{key} must be a number", field=f"backend_kwargs.{key}")
     try:
         sampling = SamplingConfig.model_validate({**cfg.sampling.model_dump(), **overrides})
     except ValidationError as err:

@@ -169,3 +169,18 @@ def test_metadata_is_read_as_sent_not_as_lax_mode_reads_it(client, fake_qwen, me
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["field"] == f"metadata.{field}"
     assert fake_qwen.chat_requests == []
+
+
+@pytest.mark.parametrize(("extra", "field"), [({"video_fps": True}, "video_fps"), ({"fps": "4"}, "fps"),
+                                              ({"nframes": True}, "nframes"), ({"max_pixels": "200704"}, "max_pixels")])
+def test_numbers_are_json_numbers_not_what_lax_mode_reads(client, fake_qwen, extra, field):
+    """The document says number/integer: `true` or "4" is refused (lax mode read them as 1 and 4;
+    found by schemathesis's negative cases with every check on); 16.0 is an integer, as in JSON Schema."""
+    frames = io.BytesIO()
+    np.save(frames, np.zeros((2, 8, 8, 3), np.uint8), allow_pickle=False)
+    body = {"task_text": "t", "frames_npy": base64.b64encode(frames.getvalue()).decode()}
+    answer = client.post("/score", json={**body, **extra})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["field"] == field
+    assert fake_qwen.chat_requests == []
+    assert client.post("/score", json={**body, "nframes": 16.0}).status_code == 200
