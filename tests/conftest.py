@@ -121,3 +121,12 @@ def proxy_server(proxy_factory, libero_settings) -> ProxyServerThread:
 def client(proxy_server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=proxy_server.url, timeout=30, trust_env=False) as http:
         yield http
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Everything imported and collected so far (ray, matplotlib, schemathesis, every test module)
+    lives for the whole session: move it out of the collector's sight (gc.freeze), so the per-test
+    full collection above scans only what tests create (0.09 s to ~1 ms a test, measured on
+    tests/layout), and still finds what a test leaves unclosed."""
+    gc.collect()
+    gc.freeze()
