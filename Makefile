@@ -5,6 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/libero.yaml
 .PHONY: install serve reference-env rlinf-env test test-fast check test-real-vllm test-real-rlinf lint bench demo clean
+# pytest-xdist: 4 workers (most tests wait on sockets and subprocesses), a module or a shared stack
+# per worker, the longest groups first (tests/conftest.py). `make test PYTEST_JOBS=0`: one process.
+PYTEST_JOBS ?= 4
+XDIST := -n $(PYTEST_JOBS) --dist loadscope --no-loadscope-reorder
 LINT_PATHS := proxy rlinf_client launchers vlm_protocol reports vlm_reward_cli tests bench scripts
 
 $(VENV)/.installed: pyproject.toml
@@ -29,14 +33,14 @@ test: install  ## every tier; builds the reference and RLinf venvs outside the r
 	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
 	export VLM_REFERENCE_PYTHON="$$(dirname "$$vllm")/python" VLM_REFERENCE_VLLM="$$vllm"; \
 	export VLM_RLINF_PYTHON="$$(bash scripts/rlinf_env.sh | tail -n 1)"; \
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 test-fast: install  ## every tier that needs no venv outside the repo (a few minutes)
-	$(PY) -m pytest -m "not reference and not real_vllm and not real_rlinf"
+	$(PY) -m pytest $(XDIST) -m "not reference and not real_vllm and not real_rlinf"
 
 check: install  ## before pushing, under 4 min: ruff, the layout rules, the fast tiers (rules, bad input, security)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
-	$(PY) -m pytest -q tests/layout tests/rules tests/bad_input tests/security
+	$(PY) -m pytest $(XDIST) -q tests/layout tests/rules tests/bad_input tests/security
 
 test-real-vllm: install  ## the real `vllm serve` tier alone (builds the reference venv when missing)
 	@set -euo pipefail; \

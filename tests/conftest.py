@@ -1,4 +1,5 @@
-"""Shared fixtures: fake vLLM servers and the real proxy on loopback, settings built in code."""
+"""Shared fixtures: fake vLLM servers and the real proxy on loopback, settings built in code; how
+the suite is spread over pytest-xdist's workers, and the tiers' end-of-run lines."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from proxy.config import Settings, settings_from_dict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
-from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, PROMPTS_DIR, QWEN_MODEL, QWEN_REPLY, REPO  # noqa: F401 - re-exported: tiers import these from here
+from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, PROMPTS_DIR, QWEN_MODEL, QWEN_REPLY, REPO, summary_lines  # noqa: F401 - re-exported: tiers import these from here
 
 _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY")
@@ -130,3 +131,62 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tests/layout), and still finds what a test leaves unclosed."""
     gc.collect()
     gc.freeze()
+
+
+# --- running in parallel (`make test`: pytest-xdist, `-n 4 --dist loadscope --no-loadscope-reorder`) ---
+# Most of the suite waits (on sockets, subprocesses, timeouts), so 4 workers on 2 cores finish
+# sooner than 1. A module's tests stay in one worker, so module-scoped stacks start once; a tier
+# with one session-scoped stack for all its modules is one scope, so it starts once too. (Not
+# `--dist loadgroup`: under pytest 9.2 xdist 3.8 cannot add its group suffix to a test's id.)
+ONE_STACK_TIERS = ("real_vllm",)
+# Minutes of subprocess start-up: these start first and the quick tiers fill the other workers.
+FIRST_TIERS = ("real_rlinf", "real_vllm", "reference")
+TESTS_DIR = Path(__file__).resolve().parent
+_WORKER_LINES: list[str] = []
+
+
+def _tier(item: pytest.Item) -> str:
+    return item.path.relative_to(TESTS_DIR).parts[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the long scopes first (the first tiers, then modules marked `slow`); a stable sort,
+    so each tier's own order (tests/real_vllm/conftest.py puts the replica kill last) holds."""
+    rank = {tier: n for n, tier in enumerate(FIRST_TIERS)}
+    items.sort(key=lambda item: (rank.get(_tier(item), len(rank)), item.get_closest_marker("slow") is None))
+
+
+def _scope(nodeid: str) -> str:
+    """A test's unit of work for xdist: its module, or its tier where the tier shares one stack."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in ONE_STACK_TIERS else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleOrStack(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return ByModuleOrStack(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["summary_lines"] = summary_lines()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("summary_lines", []))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _WORKER_LINES + summary_lines():
+        terminalreporter.write_line(line)

@@ -1,6 +1,6 @@
 """What every tier shares: the repository's paths, the served model names, the replies in each
-backend's declared answer format, free loopback ports, polling for a condition, and reading an
-HTTP head off a raw socket."""
+backend's declared answer format, free loopback ports, polling for a condition, reading an
+HTTP head off a raw socket, and the lines a tier prints at the end of the run."""
 
 from __future__ import annotations
 
@@ -22,6 +22,16 @@ PRIMO_MODEL = "PRIMO-R1-7B"
 QWEN_REPLY = "<score>75</score>"
 PRIMO_REPLY = ("<think><planning>1. grasp 2. place</planning><observation>bowl moved 3 cm</observation>"
                "<reasoning>step 1 of 2 done</reasoning></think><answer>60</answer>")
+
+
+# A tier's end-of-run lines (what it measured). Tiers register a function here instead of their
+# own `pytest_terminal_summary`: under pytest-xdist a tier runs in a worker process, whose
+# terminal is not shown, so tests/conftest.py sends every worker's lines to the main process.
+SUMMARIES: list[Callable[[], list[str]]] = []
+
+
+def summary_lines() -> list[str]:
+    return [line for summary in SUMMARIES for line in summary()]
 
 
 def _ephemeral_low() -> int:

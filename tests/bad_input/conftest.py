@@ -23,6 +23,7 @@ import pytest
 from tests.conftest import PRIMO_MODEL, PROMPTS_DIR, QWEN_MODEL, libero_settings_dict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.processes import ProxyProcess
+from tests.helpers import SUMMARIES
 
 pytest.register_assert_rewrite("tests.bad_input.common")  # asserts in the shared helpers get pytest's messages
 
@@ -99,10 +100,13 @@ def _nothing_sent_upstream(request):
         assert env.chat_count() == before, "a bad request reached vLLM"
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    if TIMINGS:
-        slowest, label = max(TIMINGS)
-        over = sum(1 for t, _ in TIMINGS if t >= 1.0)
-        terminalreporter.write_line(
-            f"bad_input: {len(TIMINGS)} bad requests, slowest {slowest * 1e3:.0f} ms ({label}); "
-            f"{over} took 1 s or more")
+def _summary() -> list[str]:
+    if not TIMINGS:
+        return []
+    slowest, label = max(TIMINGS)
+    over = sum(1 for t, _ in TIMINGS if t >= 1.0)
+    return [f"bad_input: {len(TIMINGS)} bad requests, slowest {slowest * 1e3:.0f} ms ({label}); "
+            f"{over} took 1 s or more"]
+
+
+SUMMARIES.append(_summary)

@@ -73,7 +73,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import free_ports
+from tests.helpers import SUMMARIES, free_ports
 from tests.real_vllm.stack import (
     EXTRA_ARGS,
     LAUNCHERS,
@@ -122,12 +122,13 @@ def _time_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
     say(f"{request.node.name}: {TIMINGS[f'test {request.node.name}']:.1f}s")
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
+def _summary() -> list[str]:
     if not TIMINGS:
-        return
-    terminalreporter.write_sep("-", "real_vllm timings (seconds)")
-    for name, seconds in TIMINGS.items():
-        terminalreporter.write_line(f"{seconds:8.1f}  {name}")
+        return []
+    return ["real_vllm timings (seconds):"] + [f"{seconds:8.1f}  {name}" for name, seconds in TIMINGS.items()]
+
+
+SUMMARIES.append(_summary)
 
 
 def _write_yaml(path: Path, data: dict) -> Path:

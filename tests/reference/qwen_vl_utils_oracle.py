@@ -15,18 +15,21 @@ does (smart_nframes, then linspace(...).round()).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from importlib.metadata import version
 
 
-def _opencv_reader(element: dict):
+@functools.lru_cache(maxsize=2)
+def _decode(path: str):
+    """Every frame of a file, decoded once: the grid asks for each video 25 times (a file's frames
+    do not depend on the case; qwen-vl-utils' sampling and resizing still run per case)."""
     import cv2
     import numpy as np
     import torch
-    from qwen_vl_utils import vision_process
 
-    capture = cv2.VideoCapture(element["video"])
+    capture = cv2.VideoCapture(path)
     frames, video_fps = [], capture.get(cv2.CAP_PROP_FPS)
     while True:
         ok, bgr = capture.read()
@@ -34,7 +37,14 @@ def _opencv_reader(element: dict):
             break
         frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB).transpose(2, 0, 1))
     capture.release()
-    video = torch.from_numpy(np.stack(frames))
+    return torch.from_numpy(np.stack(frames)), video_fps
+
+
+def _opencv_reader(element: dict):
+    import torch
+    from qwen_vl_utils import vision_process
+
+    video, video_fps = _decode(element["video"])
     total_frames = video.size(0)
     nframes = vision_process.smart_nframes(element, total_frames=total_frames, video_fps=video_fps)
     idx = torch.linspace(0, total_frames - 1, nframes).round().long()

@@ -115,4 +115,5 @@ def build_graded_log(proxy_factory, fake_vllm_factory, media_root: Path, out_dir
                 "task_text": "pick up the book #99", "backend": backend, "video_path": str(media_root / MISSING_VIDEO),
                 "metadata": {"env_success": True, "task_id": 0, "episode_id": "ep99"}})
             assert missing.json()["error"]["code"] == "media_not_found", missing.text
+    proxy.flush_audit()  # every line is in the file before a report reads it
     return log

@@ -42,6 +42,7 @@ def recorded(proxy_factory, fake_qwen, fake_primo, media_root, tmp_path):
                 "frames_npy": npy_b64(outcome_episode(success, episode_id)),
                 "metadata": {"env_success": success, "episode_id": episode_id, "task_id": episode_id % 2}})
             assert response.json()["raw_score"] == grader_score(success, f"#{episode_id}", seed=0)
+    proxy.flush_audit()  # every line is in the file before `replay` reads it
     config = tmp_path / "replay.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     fake_qwen.fake.reset()
@@ -135,6 +136,7 @@ def test_replay_keeps_the_requests_scale_budget_and_rates(recorded, proxy_factor
                                              "frames_npy": npy_b64(outcome_episode(True, 1)),
                                              "backend_kwargs": asked, "metadata": {"episode_id": 1}})
         assert response.status_code == 200 and response.json()["score"] == 0.25
+    proxy.flush_audit()  # the audit writer thread has written the line
     original = _lines(tmp_path / "asked.jsonl")[-1]
     assert original["asked"] == {"max_pixels": 150528, "backend_kwargs": asked}
     fake_qwen.fake.reset()

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, is_check_class, load_all_checks
+from schemathesis.config import SchemathesisConfig
 
 from proxy.config import endpoint_url, settings_from_dict
 from proxy.schemas import IMAGE_FORMAT, MEDIA_PATH_FORMAT, NPY_FORMAT
@@ -31,6 +32,8 @@ from tests.fakes.episodes import write_mp4
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
 from tests.helpers import free_ports
+
+pytestmark = pytest.mark.slow  # fuzzing every route: ~2 min, started early under xdist
 
 MEDIA = tempfile.TemporaryDirectory(prefix="openapi-media-")
 VIDEOS = [str(write_mp4(Path(MEDIA.name) / f"episode{i}.mp4", np.full((6, 32, 32, 3), 40 * i, np.uint8)))
@@ -79,9 +82,16 @@ def running_proxy():
     MEDIA.cleanup()
 
 
+# An invalid request may also be refused as too large (413: a generated list of frames over
+# proxy.max_body_mb is refused by its size, before its schema is read): schemathesis' default list
+# of rejections plus 413.
+REJECTIONS = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
+FUZZ_CONFIG = SchemathesisConfig.from_dict({"checks": {"negative_data_rejection": {"expected-statuses": REJECTIONS}}})
+
+
 @pytest.fixture(scope="module")
 def api_document(running_proxy):
-    return schemathesis.openapi.from_url(f"{running_proxy.url}/openapi.json")
+    return schemathesis.openapi.from_url(f"{running_proxy.url}/openapi.json", config=FUZZ_CONFIG)
 
 
 # The shared proxy has no proxy.admin_api_key_env, so there the admin routes answer 403 whatever is sent
