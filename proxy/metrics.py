@@ -93,6 +93,35 @@ class Metrics:
                                      "did not keep up) or os_error (writing failed); the score was answered",
                                      ["reason"], registry=r)
         self.audit_queued = Gauge("vlm_proxy_audit_queued", "Audit lines waiting for the writer thread", registry=r)
+        # Live reward quality per (run, backend, task) over the rolling window (proxy/quality/): the
+        # same numbers as `report`; labels bounded by quality.max_keys.
+        key = ["run", "backend", "task"]
+        self.quality_episodes = Gauge("vlm_proxy_quality_episodes", "Episodes with env_success in the window",
+                                      key, registry=r)
+        self.quality_auc = Gauge("vlm_proxy_quality_auc", "ROC-AUC of score vs env_success in the window "
+                                 "(NaN without both outcomes)", key, registry=r)
+        self.quality_accuracy = Gauge("vlm_proxy_quality_accuracy", "Accuracy at quality.success_threshold in "
+                                      "the window", key, registry=r)
+        self.quality_false_success_rate = Gauge("vlm_proxy_quality_false_success_rate", "Share of env failures "
+                                                "the reward calls a success, in the window", key, registry=r)
+        self.quality_mean_score = Gauge("vlm_proxy_quality_mean_score", "Mean score by env outcome in the window",
+                                        [*key, "outcome"], registry=r)
+        self.quality_parse_failures = Gauge("vlm_proxy_quality_parse_failures", "Episodes in the window whose "
+                                            "reply did not parse", key, registry=r)
+        self.quality_alarm = Gauge("vlm_proxy_quality_alarm", "1 while the key's reward disagrees with success "
+                                   "beyond quality.alarm's bounds", key, registry=r)
+        self.quality_transitions = Counter("vlm_proxy_quality_alarm_transitions_total", "Alarms raised (to=alarm) "
+                                           "and cleared (to=ok)", ["backend", "to"], registry=r)
+        self.quality_probe_margin = Gauge("vlm_proxy_quality_probe_margin", "Mean (original - probe) score of the "
+                                          "key's invariance probes by kind", [*key, "probe"], registry=r)
+        self.quality_probe_inversions = Gauge("vlm_proxy_quality_probe_inversion_rate", "Share of the key's probes "
+                                              "scoring at least the original", [*key, "probe"], registry=r)
+        self.quality_probes = Counter("vlm_proxy_quality_probes_total", "Invariance probes by kind and outcome: "
+                                      "scored, dropped_busy (the backend had no room to spare), dropped_cap "
+                                      "(probes.max_in_flight), no_other_task, or the error code",
+                                      ["backend", "probe", "outcome"], registry=r)
+        self.quality_keys_dropped = Counter("vlm_proxy_quality_keys_dropped_total", "Episodes not tracked: "
+                                            "quality.max_keys keys are tracked already", registry=r)
 
     def observe_endpoints(self, backend: str, endpoints: Iterable[Any]) -> None:
         """The gauges of one backend's endpoints (proxy.upstream.pool.Endpoint), on a change and at each

@@ -153,6 +153,18 @@ class FramesInfo(BaseModel):
     still_sha256: list[str] = Field(default_factory=list)  # of each still image sent (PRIMO's first, last)
 
 
+class QualityKey(BaseModel):
+    run: str | None
+    backend: str
+    task_id: str
+
+
+class QualityStatus(BaseModel):
+    status: Literal["ok", "alarm", "unknown"]
+    reason: str | None = None  # why the key is in alarm
+    key: QualityKey
+
+
 class ScoreResponse(BaseModel):
     score: float  # normalised to [0, 1]
     raw_score: float  # the number as the model wrote it
@@ -173,6 +185,9 @@ class ScoreResponse(BaseModel):
     samples: list[dict[str, Any]] | None = None
     spread: dict[str, float] | None = None
     logprob: dict[str, Any] | None = None  # logprob_score: the answer token's distribution on the scale
+    # The live reward-quality monitor on this episode's (run, backend, task), once an episode of it carried
+    # env_success: {"status": ok | alarm | unknown, "reason", "key": {run, backend, task_id}} (docs/reward-quality.md)
+    quality: QualityStatus | None = None
 
 
 class BatchScoreRequest(BaseModel):

@@ -5,6 +5,9 @@ A log of a million lines streams: what is kept per (backend, task_id) is numbers
 (score, ground truth, latency, tokens, an episode key for comparing two logs), counters, and a
 bounded heap of the episodes whose score disagrees most with the simulator. Never the records.
 
+The live monitor's lines (kind quality_alarm, probe) are read by reports/monitor_lines.py and
+counted apart, like /compare lines: never episodes.
+
 Tolerant by design: unknown keys are ignored; a line that is not a JSON object, or holds neither
 a score nor an error, is counted as malformed (with its line number) and skipped; a line without
 `metadata.env_success` is counted but left out of the agreement numbers.
@@ -23,6 +26,7 @@ from typing import Any
 
 from reports.audit_lines import audit_files, audit_records
 from reports.by_task import ByTask
+from reports.monitor_lines import AlarmLog, ProbeLog
 from reports.progress_quality import ProgressLog
 
 __all__ = ["PARSE_FAILURE", "NO_TASK", "AuditSummary", "Group", "Worst", "read_audit_log"]
@@ -114,6 +118,8 @@ class AuditSummary(ByTask["Group"]):
     without_episode_id: int = 0
     other_kinds: Counter = field(default_factory=Counter)  # e.g. /compare lines: not episode scores
     progress: ProgressLog = field(default_factory=ProgressLog)  # kind: progress lines, kept apart
+    alarms: AlarmLog = field(default_factory=AlarmLog)  # kind: quality_alarm lines (also in other_kinds)
+    probes: ProbeLog = field(default_factory=ProbeLog)  # kind: probe lines (also in other_kinds)
     first_ts: float | None = None
     last_ts: float | None = None
     _worst: dict[str, list] = field(default_factory=dict)  # backend -> min-heap of the worst
@@ -138,7 +144,13 @@ class AuditSummary(ByTask["Group"]):
             self.last_ts = ts if self.last_ts is None or ts > self.last_ts else self.last_ts
         if record.get("kind") == "progress":  # /progress/batch items: measured apart, never as scores
             return self.progress.add(record)
-        if record.get("kind", "score") != "score":  # a comparison (/compare) is not an episode's score
+        kind = record.get("kind", "score")
+        if kind in ("quality_alarm", "probe"):  # the live monitor's lines: read, yet never episodes
+            why = self.alarms.add(record, line) if kind == "quality_alarm" else self.probes.add(record)
+            if why is None:  # a malformed one is counted as malformed only, so `records` stays right
+                self.other_kinds[kind] += 1
+            return why
+        if kind != "score":  # a comparison (/compare) is not an episode's score
             self.other_kinds[str(record.get("kind"))] += 1
             return None
         error = record.get("error")
@@ -256,9 +268,12 @@ def read_audit_log(path: str | Path, *, worst_k: int = 8) -> AuditSummary:
                 summary.malformed_examples.append((number, why))
     if summary.lines == 0:
         raise ValueError(f"{path}: the audit log is empty")
-    if summary.records == 0:
+    if summary.records == 0 and summary.malformed_examples:
         raise ValueError(f"{path}: none of its {summary.lines} lines is an audit record "
                          f"(first: line {summary.malformed_examples[0][0]}, {summary.malformed_examples[0][1]})")
+    if summary.records == 0:  # e.g. only the live monitor's lines: nothing to measure them against
+        raise ValueError(f"{path}: none of its {summary.lines} lines is an episode's audit record (only "
+                         + ", ".join(f"{kind} ×{n}" for kind, n in sorted(summary.other_kinds.items())) + ")")
     return summary
 
 

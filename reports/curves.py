@@ -7,7 +7,10 @@ folder's name). Every metric is drawn against the training step, raw (faint) and
 (TensorBoard's debiased EMA), to one PNG and a self-contained HTML page with a summary table.
 Runs A (native), B and C (a VLM's score) and D (SRPO progress, reward_source: progress) share the
 panels; when a run logs env/vlm_no_reference (run D), a panel counts its failures that had no
-reference (paid the native reward, not a progress) and a note says how many.
+reference (paid the native reward, not a progress) and a note says how many. Steps where a run
+logs env/vlm_quality_alarm > 0 (the proxy's reward-quality monitor said the reward disagrees with
+the simulator's success: the policy may be hacking it) are shaded in the run's colour on every
+panel with curves, and listed on the console, in the figure's title and at the top of the page.
 
 Needs tensorboard (to read events, no TensorFlow) and matplotlib, both imported lazily.
 """
@@ -25,8 +28,9 @@ from typing import Any
 
 from reports.plotting import MissingDependencyError, alert, image_tag, pyplot, save_figure, table, write_page
 
-__all__ = ["DEFAULT_METRICS", "NO_REFERENCE_METRIC", "Run", "add_subcommand", "default_metrics", "fallback_warnings",
-           "load_run", "no_reference_notes", "plot_runs", "smooth"]
+__all__ = ["ALARM_TAG", "DEFAULT_METRICS", "NO_REFERENCE_METRIC", "Run", "add_subcommand", "alarm_periods",
+           "default_metrics", "fallback_warnings", "load_run", "no_reference_notes", "plot_runs",
+           "quality_alarm_warnings", "shade_alarms", "smooth"]
 
 FAILURES = "reward-model failures"
 NO_REFERENCE = "failures without a reference"
@@ -43,6 +47,7 @@ NO_REFERENCE_METRIC = (NO_REFERENCE, "failures without a reference per step (pro
 EVENT_GLOB = "events.out.tfevents.*"
 # Derived count -> (RLinf's rate tag, a tag holding the count itself, if any)
 COUNTS = {FAILURES: ("env/vlm_fallback", "reward_model/failures"), NO_REFERENCE: ("env/vlm_no_reference", None)}
+ALARM_TAG = "env/vlm_quality_alarm"  # the share of a step's episodes whose answer said quality alarm
 
 
 @dataclass
@@ -90,6 +95,40 @@ def no_reference_notes(runs: Sequence[Run]) -> list[str]:
     were paid run A's reward (0), not a progress, so D looks more like A the higher the share."""
     return _rate_lines(runs, "env/vlm_no_reference",
                        "failed with no reference and were paid the native reward, not a progress")
+
+
+def alarm_periods(run: Run) -> list[tuple[int, int]]:
+    """(first step, last step) of each stretch of logged steps whose env/vlm_quality_alarm is > 0;
+    neighbouring logged steps join one stretch, whatever the logging interval."""
+    periods: list[list[int]] = []
+    alarmed = False  # the previous logged step's
+    for step, value in run.scalars.get(ALARM_TAG, []):
+        if value > 0 and alarmed:
+            periods[-1][1] = step
+        elif value > 0:
+            periods.append([step, step])
+        alarmed = value > 0
+    return [(first, last) for first, last in periods]
+
+
+def quality_alarm_warnings(runs: Sequence[Run]) -> list[str]:
+    """One line per run with quality alarms: its alarmed steps and the highest alarmed share."""
+    lines = []
+    for run in runs:
+        periods = alarm_periods(run)
+        if periods:
+            steps = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in periods)
+            peak = max(value for _, value in run.scalars[ALARM_TAG])
+            lines.append(f"{run.name}: reward-quality alarm at steps {steps} (up to {peak:.1%} of one step's episodes)")
+    return lines
+
+
+def shade_alarms(axis: Any, runs: Sequence[Run], colours: Sequence[str]) -> None:
+    """Shade each run's alarmed steps (half a step either side) in its colour, labelled once."""
+    for number, run in enumerate(runs):
+        for index, (first, last) in enumerate(alarm_periods(run)):
+            axis.axvspan(first - 0.5, last + 0.5, color=colours[number % len(colours)], alpha=0.15, linewidth=0,
+                         label=f"{run.name}: quality alarm" if index == 0 else None)
 
 
 def default_metrics(runs: Sequence[Run]) -> list[tuple[str, str]]:
@@ -206,20 +245,24 @@ def plot_runs(runs: list[Run], metrics: Sequence[tuple[str, str]], out_dir: str 
         axis.set_xlabel("training step")
         axis.grid(alpha=0.3)
         if drawn:
+            shade_alarms(axis, runs, colours)
             axis.legend(fontsize=8)
         else:
             axis.text(0.5, 0.5, f"no run logs {tag}", ha="center", va="center",
                       transform=axis.transAxes, color="grey")
     for axis in list(axes.flat)[len(metrics):]:
         axis.set_visible(False)
-    warnings = fallback_warnings(runs)
-    if warnings:  # in red, above everything: the comparison is not VLM vs VLM for these steps
-        figure.suptitle("FALLBACK REWARDS — " + "; ".join(warnings), fontsize=11, color="red",
-                        fontweight="bold")
+    warnings, alarms = fallback_warnings(runs), quality_alarm_warnings(runs)
+    # In red, above everything: the comparison is not VLM vs VLM (fallbacks), or the reward may be hacked (alarms).
+    red = ([f"FALLBACK REWARDS — {'; '.join(warnings)}"] if warnings else []) + \
+        ([f"QUALITY ALARMS (shaded) — {'; '.join(alarms)}"] if alarms else [])
+    if red:
+        figure.suptitle("\n".join(red), fontsize=11, color="red", fontweight="bold")
     else:
         figure.suptitle(f"{title}  (faint: raw, solid: smoothed {smoothing:g})", fontsize=11)
     figure.tight_layout()
-    description = f"runs: {names}" + ("; FALLBACK REWARDS: " + "; ".join(warnings) if warnings else "")
+    description = (f"runs: {names}" + ("; FALLBACK REWARDS: " + "; ".join(warnings) if warnings else "")
+                   + ("; QUALITY ALARMS: " + "; ".join(alarms) if alarms else ""))
     png_path = out_dir / "curves.png"
     png = save_figure(figure, png_path, title=title, description=description)
     return png_path, write_page(out_dir / "curves.html", title, _html_body(title, runs, summary, png))
@@ -229,6 +272,9 @@ def _html_body(title: str, runs: list[Run], summary: list[dict[str, Any]], png: 
     banner = alert("Fallback rewards:", fallback_warnings(runs),
                    "These episodes were not rewarded by the VLM; compare runs only where the rate is 0, "
                    "or with that in mind.")
+    banner += alert("Reward-quality alarms:", quality_alarm_warnings(runs),
+                    "In these steps (shaded on the curves) the proxy found the reward disagreeing with the "
+                    "simulator's success beyond its bound: the policy may be hacking the reward.")
     notes = no_reference_notes(runs)
     if notes:  # by design (on_no_reference: native), yet the reward there is run A's
         banner += ('<div class="note"><strong>Progress without a reference:</strong><ul>'
@@ -240,7 +286,8 @@ def _html_body(title: str, runs: list[Run], summary: list[dict[str, Any]], png: 
             + "<h2>Summary</h2>" + table(keys, summary)
             + "<p>env/success_once is the simulator's ground truth, the fair curve to compare runs on. "
               "Reward-model failures = env/vlm_fallback (a rate) x env/num_trajectories; failures without a "
-              "reference (progress runs) = env/vlm_no_reference x env/num_trajectories.</p>")
+              "reference (progress runs) = env/vlm_no_reference x env/num_trajectories. Shaded steps: "
+              "env/vlm_quality_alarm > 0 (the proxy's reward-quality alarm), in the run's colour.</p>")
     return body
 
 
@@ -291,7 +338,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"note: {run.name} has no {', '.join(missing)}")
     for note in no_reference_notes(runs):
         print(f"note: {note}")
-    for warning in fallback_warnings(runs):
+    for warning in fallback_warnings(runs) + quality_alarm_warnings(runs):
         print(f"WARNING: {warning}", file=sys.stderr)
     print(f"wrote {png} and {page}")
     return 0

@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from reports.audit import NO_KEY, Episodes, Group
+from vlm_protocol import agreement
 
-__all__ = ["accuracy_at", "best_threshold", "compare_numbers", "group_numbers", "histogram", "match_episodes",
-           "percentiles", "roc_auc", "roc_curve"]
+__all__ = ["accuracy_at", "best_threshold", "brier", "calibration_numbers", "compare_numbers", "group_numbers",
+           "histogram", "match_episodes", "percentiles", "reliability", "roc_auc", "roc_curve"]
 
 HIST_BINS = 20
+RELIABILITY_BINS = 10
 QUANTILES = (50, 90, 99)
 COMPARED = ("lines", "with_truth", "auc", "accuracy", "best_accuracy", "false_success_rate", "parse_failure_rate",
             "error_rate", "latency_p50", "latency_p99", "prompt_tokens_p50", "completion_tokens_p50")
@@ -30,26 +32,10 @@ def _arrays(scores: Any, truth: Any) -> tuple[np.ndarray, np.ndarray]:
     return s[known], y[known]
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, tied values sharing the mean of their ranks."""
-    order = np.argsort(values, kind="mergesort")
-    ordered = values[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], len(values)]
-    ranks = np.empty(len(values))
-    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
-    return ranks
-
-
 def roc_auc(scores: Any, truth: Any) -> float | None:
-    """P(a random success scores above a random failure), ties counting half: the Mann-Whitney U
-    over n_success x n_failure. None without both outcomes."""
+    """vlm_protocol.agreement's ROC-AUC (the live monitor's too) over the episodes with known truth."""
     s, y = _arrays(scores, truth)
-    positives, negatives = int((y == 1).sum()), int((y == 0).sum())
-    if not positives or not negatives:
-        return None
-    u = _average_ranks(s)[y == 1].sum() - positives * (positives + 1) / 2.0
-    return float(u / (positives * negatives))
+    return agreement.roc_auc(s.tolist(), (y == 1).tolist())
 
 
 def roc_curve(scores: Any, truth: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -66,12 +52,14 @@ def roc_curve(scores: Any, truth: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return fpr, tpr
 
 
-def accuracy_at(scores: Any, truth: Any, threshold: float) -> dict[str, Any]:
+def _agreement(scores: Any, truth: Any, threshold: float) -> dict[str, Any]:
     s, y = _arrays(scores, truth)
-    said = s >= threshold
-    correct = int((said == (y == 1)).sum())
-    return {"n": len(s), "correct": correct, "accuracy": _ratio(correct, len(s)),
-            "false_success": int((said & (y == 0)).sum()), "missed_success": int((~said & (y == 1)).sum())}
+    return agreement.agreement(s.tolist(), (y == 1).tolist(), threshold)
+
+
+def accuracy_at(scores: Any, truth: Any, threshold: float) -> dict[str, Any]:
+    at = _agreement(scores, truth, threshold)
+    return {key: at[key] for key in ("n", "correct", "accuracy", "false_success", "missed_success")}
 
 
 def best_threshold(scores: Any, truth: Any) -> dict[str, Any]:
@@ -104,21 +92,54 @@ def histogram(scores: Any, truth: Any, bins: int = HIST_BINS) -> dict[str, np.nd
                                for name, value in (("success", 1), ("failure", 0), ("unknown", -1))}}
 
 
+def reliability(scores: Any, truth: Any, bins: int = RELIABILITY_BINS) -> list[dict[str, Any]]:
+    """Per score bin ([0, 1] in `bins` equal bins; bin i holds i/bins <= score < (i+1)/bins, 1.0 the
+    last): episodes with known truth, successes, the observed success rate and the mean score."""
+    s, y = _arrays(scores, truth)
+    # int(score * bins), not np.histogram's edges: linspace's 0.30000000000000004 would put 0.3 below 0.3
+    index = np.minimum((s * bins).astype(np.int64), bins - 1)
+    rows = []
+    for i in range(bins):
+        inside = index == i
+        n, hits = int(inside.sum()), int(y[inside].sum())
+        rows.append({"low": i / bins, "high": (i + 1) / bins, "n": n, "successes": hits, "rate": _ratio(hits, n),
+                     "mean_score": _mean(s[inside])})
+    return rows
+
+
+def brier(scores: Any, truth: Any) -> float | None:
+    """Mean (score - success)^2 over the episodes with known truth: 0 is perfect."""
+    s, y = _arrays(scores, truth)
+    return _mean((s - y) ** 2)
+
+
+def calibration_numbers(group: Group, *, bins: bool = True) -> dict[str, Any]:
+    """Brier score (and, for reference, a constant's: the success rate p scores p(1 - p)), mean
+    score, success rate and, with `bins`, the reliability bins of one backend or (backend, task)."""
+    s, y = _arrays(group.scores, group.truth)
+    rate = _mean(y.astype(np.float64))
+    numbers: dict[str, Any] = {"n": len(s), "brier": brier(s, y), "brier_constant": None if rate is None
+                               else rate * (1 - rate), "mean_score": _mean(s), "success_rate": rate}
+    if bins:
+        numbers["bins"] = reliability(s, y)
+    return numbers
+
+
 def group_numbers(group: Group, threshold: float) -> dict[str, Any]:
     """Every number the report shows for one backend or (backend, task)."""
     scores = np.frombuffer(group.scores, dtype=np.float64) if len(group.scores) else np.empty(0)
     truth = np.frombuffer(group.truth, dtype=np.int8) if len(group.truth) else np.empty(0, np.int8)
-    at, best = accuracy_at(scores, truth, threshold), best_threshold(scores, truth)
+    at, best = _agreement(scores, truth, threshold), best_threshold(scores, truth)
     latency, prompt, completion = (percentiles(group.latency_ms), percentiles(group.prompt_tokens),
                                    percentiles(group.completion_tokens))
     numbers: dict[str, Any] = {
         "lines": group.lines, "scored": group.scored, "truth_lines": group.truth_lines,
         "with_truth": at["n"], "successes": int((truth == 1).sum()), "failures": int((truth == 0).sum()),
-        "auc": roc_auc(scores, truth), "threshold": threshold, "accuracy": at["accuracy"],
+        "auc": at["auc"], "threshold": threshold, "accuracy": at["accuracy"],
         "correct": at["correct"], "false_success": at["false_success"], "missed_success": at["missed_success"],
-        "false_success_rate": _ratio(at["false_success"], int((truth == 0).sum())),
+        "false_success_rate": at["false_success_rate"],
         "best_accuracy": best["accuracy"], "best_threshold": best["threshold"], "best_correct": best["correct"],
-        "mean_score_success": _mean(scores[truth == 1]), "mean_score_failure": _mean(scores[truth == 0]),
+        "mean_score_success": at["mean_score_success"], "mean_score_failure": at["mean_score_failure"],
         "parse_failures": group.parse_failures, "parse_failure_rate": _ratio(group.parse_failures, group.lines),
         "errors": group.failed, "error_rate": _ratio(group.failed, group.lines),
         "errors_by_code": dict(sorted(group.errors.items())),

@@ -2,8 +2,9 @@
 
 Top to bottom: red alerts (parse failures, errors, unreadable lines, no ground truth, a score
 near chance), the summary table per backend, the before/after comparison when two logs are
-given, the ROC curves, then per backend: per-task numbers, histograms, errors, prompt templates
-and the contact sheets of the episodes where score and simulator disagree most."""
+given, the ROC curves, the live monitor's alarms over time, the invariance probes, calibration
+(reliability diagrams, Brier scores), then per backend: per-task numbers, histograms, errors,
+prompt templates and the contact sheets of the episodes where score and simulator disagree most."""
 
 from __future__ import annotations
 
@@ -15,9 +16,17 @@ from typing import Any
 
 from reports.plotting import alert, fmt, image_tag, table, write_page
 from reports.progress_quality import progress_alerts, progress_section
-from reports.quality_figures import LogNumbers, histogram_figure, roc_figure, worst_sheets
+from reports.quality_figures import (
+    LogNumbers,
+    alarm_timeline_figure,
+    histogram_figure,
+    reliability_figure,
+    roc_figure,
+    worst_sheets,
+)
 
-__all__ = ["PARSE_ALERT", "ERROR_ALERT", "AUC_ALERT", "alerts", "render_report"]
+__all__ = ["PARSE_ALERT", "ERROR_ALERT", "AUC_ALERT", "alarms_section", "alerts", "calibration_section",
+           "probes_section", "render_report"]
 
 PARSE_ALERT, ERROR_ALERT, AUC_ALERT = 0.02, 0.01, 0.6  # a rate at or above / an AUC below: an alert
 
@@ -186,6 +195,142 @@ def _worst_section(log: LogNumbers, backend: str, store: Path | None, out_dir: P
     return "".join(parts)
 
 
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def _window_numbers(numbers: dict[str, Any] | None) -> str:
+    """The alarm line's window numbers that the alarm is judged on, as a person reads them."""
+    if not numbers:
+        return "—"
+    shown = [("n", "n", "int"), ("auc", "ROC-AUC", "3"), ("false_success_rate", "false-success rate", "%"),
+             ("accuracy", "accuracy", "%")]
+    return ", ".join(f"{label} {fmt(numbers[key], kind)}" for key, label, kind in shown if key in numbers)
+
+
+ALARM_KEYS = ("run", "backend", "task_id", "raised", "cleared", "time in alarm", "reason at the raise",
+              "numbers at the raise", "episodes seen at the raise")
+
+
+def _alarm_row(period: dict[str, Any]) -> dict[str, str]:
+    at_least = "≥ " if period["still_in_alarm"] or period["raised_ts"] is None else ""
+    reason = period["reason"] or "—"
+    if period["repeated_raises"]:
+        reason += f" (raised again ×{period['repeated_raises']} before it cleared)"
+    return {"run": period["run"] or "—", "backend": period["backend"], "task_id": period["task_id"],
+            "raised": "not in this log (rotated away?)" if period["raised_ts"] is None else _utc(period["raised_ts"]),
+            "cleared": "still in alarm at the end of the log" if period["still_in_alarm"]
+            else _utc(period["cleared_ts"]),
+            "time in alarm": at_least + _duration(period["duration_s"]), "reason at the raise": reason,
+            "numbers at the raise": _window_numbers(period["numbers"]),
+            "episodes seen at the raise": fmt(period["episodes_seen"], "int")}
+
+
+def alarms_section(log: LogNumbers, out_dir: Path) -> str:
+    """Each (run, backend, task)'s periods in alarm, from the quality_alarm lines, and their timeline."""
+    who = f" — {log.name}" if log.label else ""
+    head = f"<h2>Alarms over time{html.escape(who)}</h2>"
+    if not log.alarms:
+        return head + "<p>No alarm in this log.</p>"
+    parts = [head, "<p>The proxy's live monitor writes a <code>quality_alarm</code> line each time a (run, backend, "
+             "task) enters alarm (its rolling window's false-success rate or ROC-AUC out of bounds) or leaves it. "
+             "Each row is one period in alarm, with the reason and window numbers at the raise "
+             "(docs/reward-quality.md, What to do on an alarm).</p>",
+             table(ALARM_KEYS, (_alarm_row(p) for p in log.alarms), caption=f"Alarm periods{who}")]
+    figure = alarm_timeline_figure(log, out_dir)
+    if figure:
+        parts.append(f"<figure><figcaption>Alarms over time ({figure[0]})</figcaption>"
+                     f"{image_tag(figure[1], 'alarm periods over time')}</figure>")
+    return "".join(parts)
+
+
+PROBE_KEYS = ("backend", "task_id", "probe", "probes", "mean margin", "inversions", "mean score original / probe",
+              "errors")
+
+
+def _probe_row(backend: str, task: str, kind: str, n: dict[str, Any]) -> dict[str, str]:
+    return {"backend": backend, "task_id": task, "probe": kind, "probes": fmt(n["n"], "int"),
+            "mean margin": "—" if n["mean_margin"] is None else f"{n['mean_margin']:+.3f}",
+            "inversions": f"{n['inversions']:,} ({fmt(n['inversion_rate'], '%')})",
+            "mean score original / probe": f"{fmt(n['mean_original_score'], '3')} / {fmt(n['mean_probe_score'], '3')}",
+            "errors": fmt(n["errors"], "int")}
+
+
+def probes_section(log: LogNumbers) -> str:
+    """Per (backend, task, probe kind): probes, mean margin, inversions; all tasks first."""
+    who = f" — {log.name}" if log.label else ""
+    head = f"<h2>Invariance probes{html.escape(who)}</h2>"
+    if not log.probes:
+        return head + "<p>No invariance probe in this log.</p>"
+    rows = []
+    for backend, numbers in log.probes.items():
+        if len(numbers["tasks"]) > 1:  # one task: its rows are the backend's already
+            rows.extend(_probe_row(backend, "all tasks", kind, n) for kind, n in numbers["all"].items())
+        rows.extend(_probe_row(backend, task, kind, n) for task, kinds in numbers["tasks"].items()
+                    for kind, n in kinds.items())
+    return (head + "<p>Each probe scores an episode again with its frames <b>reversed</b> or <b>shuffled</b>, or "
+            "with another task's <b>instruction</b>. Margin = original score − probe score: a good reward model "
+            "scores the probe lower (margin &gt; 0). An <b>inversion</b>: the probe scored at least the original. "
+            "A reward model that ignores time order (reversed, shuffled) or the instruction shows mean margins "
+            "near 0 and many inversions (half or more): a policy can be rewarded for the wrong thing. An episode "
+            "already scored near 0 leaves no room for a margin, so compare tasks with the mean original "
+            "score in mind.</p>" + table(PROBE_KEYS, rows, caption=f"Invariance probes{who}"))
+
+
+CALIBRATION_KEYS = ("episodes with env_success", "Brier", "a constant's Brier p(1 − p)", "mean score",
+                    "success rate p")
+
+
+def _calibration_row(n: dict[str, Any]) -> dict[str, str]:
+    return {"episodes with env_success": fmt(n["n"], "int"), "Brier": fmt(n["brier"], "3"),
+            "a constant's Brier p(1 − p)": fmt(n["brier_constant"], "3"), "mean score": fmt(n["mean_score"], "3"),
+            "success rate p": fmt(n["success_rate"], "%")}
+
+
+def _bin_row(b: dict[str, Any]) -> dict[str, str]:
+    return {"score bin": f"[{b['low']:.1f}, {b['high']:.1f}{']' if b['high'] >= 1 else ')'}",
+            "episodes": fmt(b["n"], "int"), "successes": fmt(b["successes"], "int"),
+            "observed success rate": fmt(b["rate"], "%"), "mean score": fmt(b["mean_score"], "3")}
+
+
+def calibration_section(log: LogNumbers, out_dir: Path) -> str:
+    """Reliability diagram and bins per backend; Brier per backend and per task."""
+    if not log.calibration:
+        return ""
+    who = f" — {log.name}" if log.label else ""
+    parts = [f"<h2>Calibration{html.escape(who)}</h2>",
+             "<p>Does a score of 0.8 mean 80 % of such episodes succeed? Episodes with env_success are grouped by "
+             "score in 10 equal bins; each point is a bin's observed success rate at its mean score, and a "
+             "calibrated score lies on the diagonal. A score can rank well (high ROC-AUC) and still be badly "
+             "calibrated: what matters to the RLinf client's threshold is accuracy; to a policy trained on the raw "
+             "score, calibration. <b>Brier</b> = mean (score − success)²: 0 is perfect; a constant at the success "
+             "rate p scores p(1 − p), so a Brier above that is worse than knowing nothing of the episode.</p>",
+             table(("backend", *CALIBRATION_KEYS), ({"backend": b, **_calibration_row(n)}
+                                                    for b, n in log.calibration.items()),
+                   caption=f"Brier score per backend{who}")]
+    for backend, numbers in log.calibration.items():
+        figure = reliability_figure(log, backend, out_dir)
+        if figure is None:
+            parts.append(f"<p>{html.escape(backend)}: no scored episode carries env_success: no calibration.</p>")
+            continue
+        parts.append(f"<figure><figcaption>Reliability diagram — {html.escape(backend)} ({figure[0]})</figcaption>"
+                     f"{image_tag(figure[1], f'reliability diagram of {backend}')}</figure>")
+        parts.append(table(("score bin", "episodes", "successes", "observed success rate", "mean score"),
+                           (_bin_row(b) for b in numbers["bins"]), caption=f"Reliability bins — {backend}{who}"))
+        parts.append(table(("task_id", *CALIBRATION_KEYS), ({"task_id": t, **_calibration_row(n)}
+                                                            for t, n in numbers["tasks"].items()),
+                           caption=f"Brier score per task — {backend}{who}"))
+    return "".join(parts)
+
+
 def _health(log: LogNumbers) -> str:
     s = log.summary
     span = (f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(s.first_ts))} to "
@@ -197,6 +342,8 @@ def _health(log: LogNumbers) -> str:
         ("records without metadata.env_success (counted, not in agreement)", no_truth),
         ("records without metadata.episode_id (cannot be matched across logs)", s.without_episode_id),
         ("progress items (kind: progress, measured apart)", sum(g.lines for g in s.progress.groups.values())),
+        ("other lines, never episodes (by kind)", ", ".join(f"{k} ×{n}" for k, n in sorted(s.other_kinds.items()))
+         or "none"),
         ("time span", span)]
     return table(("fact", "value"), ({"fact": f, "value": v} for f, v in facts), caption=f"Log: {log.name}")
 
@@ -207,7 +354,9 @@ HOW_TO_READ = (
     "the share of episodes where score ≥ threshold matches env success, as the RLinf client maps it "
     "(--success-threshold). <b>Best accuracy</b>: the same at the threshold that would do best on this log.</li>"
     "<li><b>False successes</b>: failed episodes the reward model would call a success: what a policy learns "
-    "to exploit.</li><li>Parse failures (no readable score) and errors are shares of all episodes.</li></ul>")
+    "to exploit.</li><li>Parse failures (no readable score) and errors are shares of all episodes.</li>"
+    "<li><b>Brier</b>: mean (score − success)², 0 is perfect. <b>Margin</b> of an invariance probe: original "
+    "score − probe score, above 0 when the model notices the change.</li></ul>")
 
 
 def render_report(out_dir: Path, logs: list[LogNumbers], pairs: list[dict[str, Any]], *, threshold: float,
@@ -226,6 +375,8 @@ def render_report(out_dir: Path, logs: list[LogNumbers], pairs: list[dict[str, A
     roc = roc_figure(logs, out_dir)
     if roc:
         body.append(f"<h2>ROC</h2><figure><figcaption>{roc[0]}</figcaption>{image_tag(roc[1], 'ROC curves')}</figure>")
+    for log in logs:
+        body.extend((alarms_section(log, out_dir), probes_section(log), calibration_section(log, out_dir)))
     for log in logs:
         body.extend(_backend_section(log, backend, threshold, store, out_dir) for backend in log.backends)
     body.extend(progress_section(log.progress, log.name if log.label else "") for log in logs)

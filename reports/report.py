@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from reports.audit import Episodes, read_audit_log
+from reports.monitor_lines import alarm_periods, measure_probes
 from reports.plotting import MissingDependencyError, fmt
 from reports.progress_quality import measure_progress
-from reports.quality import compare_numbers, group_numbers, match_episodes
+from reports.quality import calibration_numbers, compare_numbers, group_numbers, match_episodes
 from reports.quality_figures import LogNumbers
 from reports.quality_html import alerts, render_report
 
@@ -34,7 +35,11 @@ def measure(path: str | Path, *, threshold: float, worst: int, label: str = "") 
         log.backends[backend] = group_numbers(log.groups[backend], threshold)
         log.tasks[backend] = {task: group_numbers(summary.groups[(backend, task)], threshold)
                               for task in summary.tasks(backend)}
+        log.calibration[backend] = {**calibration_numbers(log.groups[backend]), "tasks": {
+            task: calibration_numbers(summary.groups[(backend, task)], bins=False) for task in summary.tasks(backend)}}
     log.progress = measure_progress(summary.progress)
+    log.alarms = alarm_periods(summary.alarms, summary.first_ts, summary.last_ts)
+    log.probes = measure_probes(summary.probes)
     return log
 
 
@@ -83,7 +88,8 @@ def build_report(audit: str | Path, *, out: str | Path, compare: str | Path | No
     result = {"page": str(page), "threshold": threshold, "alerts": alerts(logs, pairs), "logs": [
         {"label": log.label, "path": str(log.summary.path), "lines": log.summary.lines,
          "malformed": log.summary.malformed, "backends": log.backends, "tasks": log.tasks,
-         "progress": log.progress} for log in logs],
+         "progress": log.progress, "calibration": log.calibration, "alarms": log.alarms, "probes": log.probes,
+         "other_kinds": dict(sorted(log.summary.other_kinds.items()))} for log in logs],
         "compare": pairs}
     (out_dir / "report.json").write_text(json.dumps(_plain(result), indent=1), encoding="utf-8")
     return result

@@ -26,6 +26,8 @@ Fallback = Literal["raise", "zero", "env_success"]
 FALLBACKS = ("raise", "zero", "env_success")
 RewardSource = Literal["score", "progress"]
 OnNoReference = Literal["native", "raise"]
+OnQualityAlarm = Literal["keep", "native", "raise"]
+QUALITY_ALARM_POLICIES = ("keep", "native", "raise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,13 @@ class RewardModelConfig:
     #                so never the default
     # None: raise when fail_on_request_error is true, else zero.
     fallback: Fallback | None = None
+    # What an episode gets when the proxy's answer says its (run, backend, task) is in quality alarm
+    # (the reward disagrees with the simulator's success beyond a bound: the policy may be hacking it),
+    # marked in env/vlm_quality_alarm whatever the choice:
+    #   keep    the VLM's score, as without the monitor
+    #   native  the simulator's reward (as fallback: env_success), marked in env/vlm_fallback too
+    #   raise   stop the run with QualityAlarmError
+    on_quality_alarm: OnQualityAlarm = "keep"
     # The env's control rate: frames are sent with their real rate (fps = episode_fps x frames
     # sent / episode steps), whatever the transport; the proxy uses it when told to present
     # episodes in real time (its frames.presentation_fps: episode). LIBERO steps at 20 Hz.
@@ -120,6 +129,9 @@ class RewardModelConfig:
         elif self.fail_on_request_error and self.fallback not in (None, "raise"):
             problems.append(f"fail_on_request_error: true means fallback: raise, but fallback is {self.fallback!r}; "
                             "set one of them")
+        if self.on_quality_alarm not in QUALITY_ALARM_POLICIES:
+            problems.append(f"on_quality_alarm must be one of {', '.join(QUALITY_ALARM_POLICIES)}, "
+                            f"got {self.on_quality_alarm!r}")
         if (isinstance(self.buffer_frames, int) and isinstance(self.nframes, int)
                 and 0 < self.buffer_frames < 2 * self.nframes):
             problems.append(f"buffer_frames ({self.buffer_frames}) must be 0 or at least 2 x nframes "

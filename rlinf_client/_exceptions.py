@@ -8,6 +8,8 @@
     ├── MissingDependencyError (ImportError)    OpenCV missing for `transport: path`
     ├── NoReferenceError                        reward_source: progress, on_no_reference: raise, and a
     │                                           failure had no success of its task to compare with
+    ├── QualityAlarmError                       on_quality_alarm: raise, and the proxy's reward-quality
+    │                                           monitor said alarm for an episode's (run, backend, task)
     └── RewardAPIError                          talking to the proxy failed; `.code`, `.attempts`
         ├── APIConnectionError                  no HTTP answer (refused, reset, closed)
         │   └── APITimeoutError                 the episode's `timeout` ran out
@@ -52,6 +54,7 @@ __all__ = [
     "NoReferenceError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "QualityAlarmError",
     "RateLimitError",
     "RewardAPIError",
     "RewardClientError",
@@ -86,6 +89,18 @@ class NoReferenceError(RewardClientError):
     """A failed episode the proxy could not rate (outcome no_reference), under on_no_reference: raise."""
 
     code = "no_reference"
+
+
+class QualityAlarmError(RewardClientError):
+    """The proxy's reward-quality monitor said `alarm` for an episode (its reward disagrees with the
+    simulator's success beyond a bound for that run, backend and task), under on_quality_alarm: raise.
+    `alarms`: the alarmed answers' `quality` objects, one per episode."""
+
+    code = "quality_alarm"
+
+    def __init__(self, message: str, alarms: tuple[dict[str, Any], ...] = ()) -> None:
+        super().__init__(message)
+        self.alarms = alarms
 
 
 class RewardAPIError(RewardClientError):

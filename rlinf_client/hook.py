@@ -17,6 +17,13 @@ flag travels with the request as metadata (the proxy's audit log, never the mode
 request follows `reward_model.fallback` (raise, zero, or env_success — the simulator's flag,
 never the default), mapped the same way, marked in `vlm_fallback` and counted in `failures`.
 
+An answer whose `quality.status` is `alarm` (the proxy's live monitor: for this run, backend and
+task the reward disagrees with the simulator's success beyond a bound) is marked in
+`vlm_quality_alarm`, counted in `quality_alarms`, warned about once per step, and paid per
+`reward_model.on_quality_alarm`: the VLM's score (keep), the simulator's reward as `env_success`
+pays it, marked in `vlm_fallback` too (native), or `QualityAlarmError` (raise). An answer without
+`quality` (an older proxy) or with `ok` / `unknown` is paid as before.
+
 With `reward_source: progress` (run D) the episodes that ended in the step go to the proxy's
 /progress/batch instead, with their task ids and success flags (`mapping.map_progress`); a failure
 the proxy could not rate (no_reference) is paid the native reward and marked in
@@ -30,13 +37,13 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from rlinf_client._client import RewardClient
 from rlinf_client._config import RewardModelConfig
-from rlinf_client._exceptions import NoReferenceError
+from rlinf_client._exceptions import NoReferenceError, QualityAlarmError
 from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs
 from rlinf_client._types import Episode
 from rlinf_client.mapping import map_progress, map_score, relative_step_reward
@@ -54,6 +61,34 @@ def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
 
 def _bools(data: Any) -> np.ndarray:
     return np.asarray(_as_numpy(data), dtype=bool).reshape(-1)
+
+
+class _Paid(NamedTuple):
+    """What one ending episode is paid, and why."""
+
+    score: float  # mapped into the reward
+    shown: float  # logged as vlm_score
+    result: Any  # the client's EpisodeScore / EpisodeProgress
+    native: bool = False  # on_quality_alarm: native paid the simulator's reward in place of the score
+    alarm: bool = False  # the proxy's answer said quality alarm
+
+
+def _quality_alarm(result: Any) -> dict[str, Any] | None:
+    """The answer's `quality` object when it says alarm; None for no information (an older proxy,
+    a failed request, ok / unknown, or a malformed field)."""
+    response = result.response if result.ok else None
+    quality = response.get("quality") if isinstance(response, dict) else None
+    return quality if isinstance(quality, dict) and quality.get("status") == "alarm" else None
+
+
+def _alarm_summary(flagged: list[dict[str, Any]]) -> str:
+    """Each alarmed (run, backend, task) with the proxy's reason, and how many episodes had it."""
+    labels: Counter[str] = Counter()
+    for quality in flagged:
+        key = quality.get("key") if isinstance(quality.get("key"), dict) else {}
+        labels[f"run={key.get('run')} backend={key.get('backend')} task={key.get('task_id')}: "
+               f"{quality.get('reason') or 'no reason given'}"] += 1
+    return "; ".join(f"{label} x{count}" for label, count in labels.items())
 
 
 class LiberoVLMReward:
@@ -79,7 +114,9 @@ class LiberoVLMReward:
         self.vlm_score = np.zeros(num_envs)  # the score behind the reward (fallback included)
         self.vlm_fallback = np.zeros(num_envs)  # 1 where that score is the fallback
         self.vlm_no_reference = np.zeros(num_envs)  # progress: 1 where a failure had no reference
+        self.vlm_quality_alarm = np.zeros(num_envs)  # 1 where the proxy's answer said quality alarm
         self.failures = 0  # fallbacks since creation
+        self.quality_alarms = 0  # episodes whose answer said quality alarm, since creation
         self.no_reference = 0  # progress: failures paid the native reward for want of a reference
         self.episodes_scored = 0
         self.episodes_started = np.zeros(num_envs, dtype=np.int64)  # per env, for episode ids
@@ -112,7 +149,8 @@ class LiberoVLMReward:
             self.buffers[env].append(frames[env])
         self.scored[ids] = False
         self.episodes_started[ids] += 1
-        for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback, self.vlm_no_reference):
+        for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback, self.vlm_no_reference,
+                      self.vlm_quality_alarm):
             array[ids] = 0.0
 
     def step_reward(self, obs: Mapping[str, Any], terminations: Any, truncations: Any,
@@ -141,10 +179,14 @@ class LiberoVLMReward:
         """Per-env values for `infos["episode"]` (RLinf logs them as env/vlm_score and
         env/vlm_fallback: means over episodes, so env/vlm_fallback is the fallback rate). With
         reward_source: progress, vlm_score is the progress (1 for a success) and vlm_no_reference
-        marks the failures paid the native reward for want of a reference (env/vlm_no_reference)."""
+        marks the failures paid the native reward for want of a reference (env/vlm_no_reference).
+        With reward_source: score, vlm_quality_alarm marks the episodes whose answer said quality
+        alarm (env/vlm_quality_alarm: the alarmed share; progress answers carry no quality)."""
         info = {"vlm_score": self.vlm_score.astype(np.float32), "vlm_fallback": self.vlm_fallback.astype(np.float32)}
         if self.config.reward_source == "progress":
             info["vlm_no_reference"] = self.vlm_no_reference.astype(np.float32)
+        else:
+            info["vlm_quality_alarm"] = self.vlm_quality_alarm.astype(np.float32)
         return info
 
     def shaped_rewards(self, env: int) -> np.ndarray | None:
@@ -177,12 +219,13 @@ class LiberoVLMReward:
         else:
             paid = self._score_values(envs, episodes)
         reasons: Counter[str] = Counter()
-        for env, (score, shown, result) in zip(envs, paid, strict=True):
+        for env, (score, shown, result, native, alarm) in zip(envs, paid, strict=True):
             mapped = map_score(score, binary_reward=self.config.binary_reward,
                                success_threshold=self.config.success_threshold)
             self.terminal_value[env] = self.reward_coef * mapped
             self.vlm_score[env] = shown
-            self.vlm_fallback[env] = 0.0 if result.ok else 1.0
+            self.vlm_fallback[env] = 0.0 if result.ok and not native else 1.0
+            self.vlm_quality_alarm[env] = 1.0 if alarm else 0.0
             no_reference = result.ok and getattr(result, "outcome", None) == "no_reference"
             self.vlm_no_reference[env] = 1.0 if no_reference else 0.0
             self.scored[env] = True
@@ -197,14 +240,37 @@ class LiberoVLMReward:
                         self.config.failure_policy, ", ".join(f"{k} x{v}" for k, v in reasons.items()),
                         self.failures)
 
-    def _score_values(self, envs: np.ndarray, episodes: list[Episode]) -> list[tuple[float, float, Any]]:
-        """(score, score, result) per episode from /score (raises under fallback: raise)."""
+    def _score_values(self, envs: np.ndarray, episodes: list[Episode]) -> list[_Paid]:
+        """What each episode is paid from /score (raises under fallback: raise), quality alarms
+        handled per on_quality_alarm (all raised together, before any reward changes)."""
         results = self.client.score_episodes(episodes)
-        for env, result in zip(envs, results, strict=True):
-            self.curves[env] = (result.curve, self.buffers[env].count) if result.ok and result.curve else None
-        return [(result.value, result.value, result) for result in results]
+        alarms = [_quality_alarm(result) for result in results]
+        flagged = [alarm for alarm in alarms if alarm is not None]
+        policy = self.config.on_quality_alarm
+        if flagged and policy == "raise":
+            raise QualityAlarmError(f"{len(flagged)} of {len(results)} episodes ending now came with a reward-quality "
+                                    f"alarm ({_alarm_summary(flagged)}); on_quality_alarm: raise", tuple(flagged))
+        paid = []
+        for env, episode, result, alarm in zip(envs, episodes, results, alarms, strict=True):
+            native = alarm is not None and policy == "native"
+            scored = bool(result.ok and result.curve) and not native
+            self.curves[env] = (result.curve, self.buffers[env].count) if scored else None
+            value = episode.fallback if native else result.value  # native: what fallback: env_success pays
+            paid.append(_Paid(value, value, result, native=native, alarm=alarm is not None))
+        if flagged:
+            self._warn_alarms(flagged, len(results))
+        return paid
 
-    def _progress_values(self, episodes: list[Episode]) -> list[tuple[float, float, Any]]:
+    def _warn_alarms(self, flagged: list[dict[str, Any]], ending: int) -> None:
+        self.quality_alarms += len(flagged)
+        paid = ("the simulator's reward instead (marked in vlm_fallback)" if self.config.on_quality_alarm == "native"
+                else "the VLM's score all the same")
+        log.warning("reward model: %d of %d episodes ending now came with a reward-quality alarm from the proxy "
+                    "(%s); paid %s (on_quality_alarm: %s); %d alarmed episodes so far", len(flagged), ending,
+                    _alarm_summary(flagged), paid, self.config.on_quality_alarm,
+                    self.quality_alarms)
+
+    def _progress_values(self, episodes: list[Episode]) -> list[_Paid]:
         """(score, progress, result) per episode from /progress/batch. The score: 1 for a success,
         progress x progress_coef for a failure, the fallback's value for a failed item, and for a
         failure without a reference the native reward (0) or NoReferenceError (on_no_reference).
@@ -218,13 +284,13 @@ class LiberoVLMReward:
         paid = []
         for episode, result in zip(episodes, results, strict=True):
             if not result.ok:
-                paid.append((result.value, result.value, result))
+                paid.append(_Paid(result.value, result.value, result))
                 continue
             score = map_progress(result.outcome, result.progress, progress_coef=self.config.progress_coef)
             if score is None:  # no reference: the native reward, never a made-up progress
-                paid.append((episode.fallback, episode.fallback, result))
+                paid.append(_Paid(episode.fallback, episode.fallback, result))
             else:
-                paid.append((score, result.progress, result))
+                paid.append(_Paid(score, result.progress, result))
         if missing:
             self.no_reference += len(missing)
             log.warning("reward model: %d of %d episodes ending now failed with no success of their task to "

@@ -9,6 +9,7 @@ here: `from proxy.config import Settings, load_settings`.
 from proxy.config.calls import AdmissionConfig, CircuitConfig, ReaskConfig, RetryConfig, RoutingConfig
 from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
+from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig
 from proxy.config.settings import (
     ENDPOINT_URL_PATTERN,
     BackendConfig,
@@ -35,7 +36,11 @@ __all__ = [
     "FrameStoreConfig",
     "FramesConfig",
     "LaunchConfig",
+    "PROBE_KINDS",
+    "ProbesConfig",
     "ProxySettings",
+    "QualityAlarmConfig",
+    "QualityConfig",
     "ReaskConfig",
     "ReferenceStoreConfig",
     "ReplicaLaunch",

@@ -26,6 +26,7 @@ from proxy.config.calls import (
 )
 from proxy.config.endpoint_hosts import EndpointHost
 from proxy.config.launch import LaunchConfig
+from proxy.config.quality import QualityConfig
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
 from proxy.config.strict import PositiveInt
 from proxy.config.strict import StrictModel as _Strict
@@ -184,6 +185,7 @@ class BackendConfig(_Strict):
 class Settings(_Strict):
     proxy: ProxySettings = ProxySettings()
     backends: dict[str, BackendConfig] = Field(min_length=1)
+    quality: QualityConfig = Field(default_factory=QualityConfig)  # the live reward-quality monitor
 
     @model_validator(mode="after")
     def _names_unique(self) -> Settings:

@@ -27,11 +27,13 @@ from proxy.media.frame_store import FrameStore
 from proxy.metrics import Metrics
 from proxy.pipelines.compare import Comparer
 from proxy.pipelines.passthrough import ChatPassthrough
+from proxy.pipelines.probes import InvarianceProbes
 from proxy.pipelines.scoring import Scorer
 from proxy.progress.embedding import Embedder
 from proxy.progress.pipeline import ProgressScorer
 from proxy.progress.reference_store import ReferenceStore
 from proxy.prompting.templates import PromptStore
+from proxy.quality.monitor import QualityMonitor
 from proxy.upstream.backends import BackendRegistry
 from proxy.upstream.client import UpstreamClient, open_session
 from proxy.upstream.health import Prober, open_probe_client
@@ -110,7 +112,13 @@ def create_app(settings: Settings) -> FastAPI:
             media = MediaExecutor(proxy_cfg.media_workers or default_media_workers(), MediaCaps(
                 int(proxy_cfg.max_decoded_mb * 2**20), proxy_cfg.max_video_frames, proxy_cfg.max_video_seconds))
             stack.push_async_callback(asyncio.to_thread, media.close)  # waits for its threads: off the loop
-            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics, audit, frame_store, media=media)
+            app.state.quality = QualityMonitor(settings.quality, metrics, audit)  # live agreement, the alarm
+            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics, audit, frame_store, media=media,
+                                      quality=app.state.quality)
+            if settings.quality.enabled and settings.quality.probes.fraction > 0:
+                app.state.scorer.probes = InvarianceProbes(app.state.scorer, settings.quality.probes,
+                                                           app.state.quality, metrics, audit)
+                stack.push_async_callback(app.state.scorer.probes.close)  # before the audit log closes
             app.state.comparer = Comparer(app.state.scorer)  # /compare, on the scorer's pieces
             app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
             references = ReferenceStore(settings.proxy.reference_store) if settings.proxy.reference_store else None

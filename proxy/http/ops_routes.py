@@ -1,4 +1,5 @@
-"""The operations routes: GET /health (readiness, from the prober's cache) and GET /metrics."""
+"""The operations routes: GET /health (readiness, from the prober's cache), GET /metrics and GET /quality
+(the live reward-quality monitor, proxy/quality/)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
 from proxy.metrics import Metrics
+from proxy.quality.monitor import QualityMonitor
 from proxy.upstream.backends import BackendRegistry
 from proxy.upstream.health import Prober, endpoint_health
 
@@ -43,6 +45,11 @@ async def health(request: Request) -> JSONResponse:
         body["frame_store"] = _detail_only(request.app.state.frame_store.status(), detailed, "last_error")
     if request.app.state.audit.path is not None:  # lines lost (disk too slow, OS error) are never silent
         body["audit"] = _detail_only(request.app.state.audit.status(), detailed, "path", "error")
+    # An alarm never makes the proxy unhealthy (it still serves); which keys, only for a caller who may score.
+    quality: QualityMonitor = request.app.state.quality
+    reward_quality = quality.health()
+    body["reward_quality"] = reward_quality if detailed else {"status": reward_quality["status"],
+                                                             "alarms": len(reward_quality["alarms"])}
     return JSONResponse(body, status_code=200 if any(ready) else 503)
 
 
@@ -61,3 +68,13 @@ async def metrics(request: Request) -> Response:
             metrics.routed.labels(backend.name, decision).set(count)
         metrics.observe_endpoints(backend.name, backend.pool.endpoints)
     return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/quality", responses={**error_answers(401), 200: {
+    "description": "per (run, backend, task): the window's agreement numbers, its first full window, its status",
+    "content": {"application/json": {"schema": {"type": "object"}}}}})
+async def quality(request: Request) -> JSONResponse:
+    """The live reward-quality monitor: the same numbers as `report`, over the last quality.window
+    episodes of each key that carried metadata.env_success (docs/reward-quality.md)."""
+    monitor: QualityMonitor = request.app.state.quality
+    return JSONResponse(monitor.snapshot())

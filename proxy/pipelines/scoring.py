@@ -11,7 +11,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.answers.estimate import Estimated, estimate
 from proxy.answers.reply import ChatReply
@@ -27,10 +27,14 @@ from proxy.pipelines.batch import run_batch
 from proxy.prompting.layouts import build_chat_body, encode_body, prompt_token_bound, vision_token_count
 from proxy.prompting.request import presentation_fps, resolve_request, sampling_for_ask
 from proxy.prompting.templates import PromptStore, apply_seed_overrides
-from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
+from proxy.quality.monitor import QualityMonitor
+from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, QualityStatus, ScoreRequest, ScoreResponse
 from proxy.upstream.backends import Backend, BackendRegistry
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.retry import Attempt, call_with_retries
+
+if TYPE_CHECKING:
+    from proxy.pipelines.probes import InvarianceProbes
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class _Trace:
     last_reply: ChatReply | None = None
     usage_all_calls: dict[str, int] = field(default_factory=dict)
     frame_store: dict[str, Any] | None = None  # what the frame store did with this episode's JPEGs
+    encoded: EncodedFrames | None = None  # the frames sent (an invariance probe reorders them)
 
     def saw(self, reply: ChatReply) -> None:
         self.last_reply = reply
@@ -63,7 +68,7 @@ class _Trace:
         reply = self.last_reply
         return {
             "backend": self.backend, "task_text": self.task_text,
-            **({"kind": self.kind, "dense": self.dense} if self.dense else {}),
+            **({"kind": self.kind} if self.kind != "score" else {}), **({"dense": self.dense} if self.dense else {}),
             "metadata": self.metadata, "asked": self.asked,
             "prompt": self.prompt.model_dump() if self.prompt else None,
             "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
@@ -94,7 +99,8 @@ def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str
 class Scorer:
     def __init__(self, settings: Settings, registry: BackendRegistry, prompts: PromptStore,
                  upstream: UpstreamClient, metrics: Metrics, audit: AuditLog,
-                 frame_store: FrameStore | None = None, *, media: MediaExecutor) -> None:
+                 frame_store: FrameStore | None = None, *, media: MediaExecutor,
+                 quality: QualityMonitor | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.prompts = prompts
@@ -103,13 +109,18 @@ class Scorer:
         self.audit = audit
         self.frame_store = frame_store
         self.media = media  # the app's bounded media threads: every decode and encode runs there
+        self.quality = quality  # live agreement with env_success per (run, backend, task), the alarm
+        self.probes: InvarianceProbes | None = None  # set by the app when quality.probes.fraction > 0
 
     async def score(self, request: ScoreRequest, *, admit: bool = True, budget_s: float | None = None,
-                    encoded: EncodedFrames | None = None, dense: dict[str, int] | None = None) -> ScoreResponse:
+                    encoded: EncodedFrames | None = None, dense: dict[str, int] | None = None,
+                    probe: dict[str, Any] | None = None) -> ScoreResponse:
         """Score one episode. `admit=False` skips the queue-full check (batch items were
         admitted as a whole); they still wait for endpoint slots like everyone else.
         `budget_s`: how long the caller will wait (its deadline caps the retry policy's).
-        `encoded`, `dense`: a prefix of a dense curve, its frames made in the one decode of the curve."""
+        `encoded`, `dense`: a prefix of a dense curve, its frames made in the one decode of the curve.
+        `probe`: an invariance probe (proxy/pipelines/probes.py, `encoded` its frames): not an episode —
+        no episode counters, no quality window, an audit line of kind `probe` described by it."""
         started = time.perf_counter()
         try:
             backend = self.registry.resolve(request.backend)
@@ -120,7 +131,8 @@ class Scorer:
                        metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None,
                        asked={"max_pixels": request.max_pixels, "backend_kwargs": request.backend_kwargs or None,
                               **({"prefix_end": request.prefix_end} if request.prefix_end is not None else {})},
-                       kind="dense_point" if dense else "score", dense=dense)
+                       kind="probe" if probe else "dense_point" if dense else "score", dense=dense)
+        episode = dense is None and probe is None
         self.metrics.in_flight.labels(backend.name).inc()
         try:
             if admit:
@@ -128,14 +140,24 @@ class Scorer:
             response = await self._score(request, backend, started, budget_s, trace, encoded)
         except ProxyError as err:
             err.backend = backend.name  # the true label for the HTTP request counter
-            if dense is None:  # a curve's prefixes are not episodes (the route counts the curve)
+            if episode:  # a curve's prefixes and probes are not episodes (the route counts the curve)
                 self.metrics.episodes.labels(backend.name, err.code).inc()
-            self.audit.write({**trace.record(), "error": {"code": err.code, "message": err.message},
+                if isinstance(err, ScoreParseError) and self.quality is not None:  # a reply, but no score
+                    self.quality.observe(backend.name, request.task_text, trace.metadata, None)
+            self.audit.write({**trace.record(), **(probe or {}), "error": {"code": err.code, "message": err.message},
                               "attempts": err.attempts})
             raise
         finally:
             self.metrics.in_flight.labels(backend.name).dec()
-        if dense is None:
+        if probe is not None:
+            self.audit.write({**trace.record(), **probe, "probe_score": response.score,
+                              "margin": probe["original_score"] - response.score, "raw_score": response.raw_score,
+                              "attempts": response.attempts, "timings_ms": response.timings_ms})
+            return response
+        if episode:
+            said = self.quality.observe(backend.name, request.task_text, trace.metadata,
+                                        response.score) if self.quality is not None else None
+            response.quality = QualityStatus.model_validate(said) if said is not None else None
             self.metrics.episodes.labels(backend.name, "ok").inc()
             self.metrics.scores.labels(backend.name).observe(response.score)
             self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
@@ -143,6 +165,8 @@ class Scorer:
                           "raw_score": response.raw_score, "parse": response.parse.model_dump(),
                           **response.model_dump(include={"samples", "spread", "logprob"}, exclude_none=True),
                           "attempts": response.attempts, "timings_ms": response.timings_ms})
+        if episode and self.probes is not None and trace.encoded is not None:
+            self.probes.after(request, backend, trace.metadata, response.score, trace.encoded)
         return response
 
     async def _score(self, request: ScoreRequest, backend: Backend, started: float,
@@ -157,6 +181,7 @@ class Scorer:
 
         frames, fps, trace.frames, trace.frame_store = await self.load_episode(
             request, cfg, resolved.limits, resolved.requested_nframes, encoded)
+        trace.encoded = frames
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
         body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)

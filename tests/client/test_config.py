@@ -72,3 +72,15 @@ def test_from_yaml(tmp_path):
     assert RewardModelConfig.from_yaml(path, "env.train.reward_model").nframes == 8
     with pytest.raises(RewardConfigError):
         RewardModelConfig.from_yaml(path, "env.eval.reward_model")
+
+
+def test_on_quality_alarm_defaults_to_keep_and_takes_the_three_policies():
+    assert RewardModelConfig().on_quality_alarm == "keep"
+    for policy in ("keep", "native", "raise"):
+        assert RewardModelConfig.from_mapping({"on_quality_alarm": policy}).on_quality_alarm == policy
+
+
+@pytest.mark.parametrize("bad", ["env_success", "zero", None, True])
+def test_a_bad_on_quality_alarm_names_the_allowed_values(bad):
+    with pytest.raises(RewardConfigError, match=r"on_quality_alarm must be one of keep, native, raise, got "):
+        RewardModelConfig.from_mapping({"on_quality_alarm": bad})

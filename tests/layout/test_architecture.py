@@ -51,14 +51,16 @@ ALLOWED = {
     "media": FOUNDATION | {"config"},
     "upstream": FOUNDATION | {"config", "answers"},
     "prompting": FOUNDATION | {"config", "answers", "media"},
-    "pipelines": FOUNDATION | {"config", "answers", "media", "prompting", "upstream"},
+    "quality": FOUNDATION | {"config"},
+    "pipelines": FOUNDATION | {"config", "answers", "media", "prompting", "upstream", "quality"},
     "progress": FOUNDATION | {"config", "answers", "media", "prompting", "upstream", "pipelines"},
-    "http": FOUNDATION | {"config", "answers", "media", "prompting", "upstream", "pipelines", "progress"},
+    "http": FOUNDATION | {"config", "answers", "media", "prompting", "upstream", "pipelines", "progress", "quality"},
     "cli": {"errors", "config", "http"},
 }
 HTTP_FRAMEWORK = {"fastapi", "starlette", "uvicorn"}
 # Pure: parsing and arithmetic over values given to them; no network, disk, processes or codecs.
-PURE = ["proxy/answers", "proxy/progress/math.py", "vlm_protocol/frames.py"]
+PURE = ["proxy/answers", "proxy/progress/math.py", "proxy/quality/window.py", "vlm_protocol/frames.py",
+        "vlm_protocol/agreement.py"]
 PURE_THIRD_PARTY = {"numpy", "yaml"}  # yaml: templates are parsed from text the caller read
 IO_STDLIB = {"asyncio", "socket", "subprocess", "threading", "multiprocessing", "concurrent", "os", "shutil",
              "tempfile", "urllib", "http", "ssl", "select", "signal", "io", "pathlib", "sqlite3"}
@@ -146,7 +148,8 @@ def test_pure_rules_do_no_io(path):
     assert not io, f"{_rel(path)} is pure but imports {sorted(io)}"
     proxy_parts = {name.split(".")[1] for name in modules if name.startswith("proxy.")}
     assert proxy_parts <= {"errors", "answers"}, f"{_rel(path)} is pure but imports proxy.{sorted(proxy_parts)}"
-    assert not {name for name in modules if name.startswith("vlm_protocol.")} - {"vlm_protocol.strict_yaml"}, _rel(path)
+    assert not {name for name in modules if name.startswith("vlm_protocol.")} - {"vlm_protocol.strict_yaml",
+                                                                             "vlm_protocol.agreement"}, _rel(path)
 
 
 @pytest.mark.parametrize("package", ["rlinf_client", "vlm_protocol"])

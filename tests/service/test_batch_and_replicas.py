@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from proxy.config import settings_from_dict
+from proxy.config import QualityConfig, settings_from_dict
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 
@@ -128,9 +128,13 @@ async def test_thousand_concurrent_requests_complete_with_bounded_memory(
         proxy_factory, fake_vllm_factory, fake_primo, media_root):
     import resource
     fake = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, record=False, latency_base_s=0.01)
-    server = proxy_factory(_settings([fake.base_url], fake_primo.base_url, media_root,
-                                     admission={"max_in_flight_per_endpoint": 64, "max_queue": 2000}))
-    small = {"task_text": "t", "frames_npy": npy_b64(episode_frames(2, 28, 28))}
+    settings = _settings([fake.base_url], fake_primo.base_url, media_root,
+                         admission={"max_in_flight_per_endpoint": 64, "max_queue": 2000})
+    # with invariance probes on for every episode (issue 26): they yield to the load, never fail it
+    settings = settings.model_copy(update={"quality": QualityConfig(probes={"fraction": 1.0})})
+    server = proxy_factory(settings)
+    small = {"task_text": "t", "frames_npy": npy_b64(episode_frames(2, 28, 28)),
+             "metadata": {"run": "load", "task_id": 1, "env_success": True}}
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     limits = httpx.Limits(max_connections=200)
     async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as http:
@@ -139,6 +143,13 @@ async def test_thousand_concurrent_requests_complete_with_bounded_memory(
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert [r.status_code for r in responses].count(200) == 1000
     assert grown_mb < 300, f"peak RSS grew {grown_mb:.0f} MB"
+    await asyncio.to_thread(server.stop)  # probes still in flight are cancelled (never anyone's answer)
+    probes = server.app.state.metrics.quality_probes
+    counted = {(labels["probe"], labels["outcome"]): sample.value for metric in probes.collect()
+               for sample in metric.samples if sample.name.endswith("_total") for labels in [sample.labels]}
+    dropped = sum(v for (_, outcome), v in counted.items() if outcome.startswith("dropped"))
+    assert dropped > 0  # under this load most probes yield
+    assert sum(counted.values()) <= 3 * 1000
 
 
 def test_batch_items_carry_their_own_metadata_to_the_audit_log(proxy_factory, fake_qwen, fake_primo, media_root,

@@ -97,7 +97,7 @@ def api_document(running_proxy):
 # The shared proxy has no proxy.admin_api_key_env, so there the admin routes answer 403 whatever is sent
 # (and change nothing); they are fuzzed with the admin key on a proxy of their own below.
 ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints", "POST /progress/references"]
-OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "POST /score", "POST /score/batch",
+OPERATIONS = ["GET /health", "GET /metrics", "GET /quality", "GET /v1/models", "POST /score", "POST /score/batch",
               "POST /score/dense", "POST /compare", "POST /compare/batch",
               "POST /v1/chat/completions", "POST /progress/batch", "GET /progress/references", *ADMIN_OPERATIONS]
 

@@ -1,0 +1,60 @@
+"""The `quality:` section: the live reward-quality monitor (proxy/quality/): how many episodes a
+window holds, when a (run, backend, task) is in alarm and when it clears. Bounded in keys."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from proxy.config.strict import StrictModel as _Strict
+
+__all__ = ["PROBE_KINDS", "ProbesConfig", "QualityAlarmConfig", "QualityConfig"]
+
+PROBE_KINDS = ("reversed", "shuffled", "instruction")
+
+
+class QualityAlarmConfig(_Strict):
+    """A key is in alarm when its window holds `min_episodes` episodes with known success and the
+    reward disagrees with success beyond a bound; it clears only once both numbers are back inside
+    by `clear_margin` (hysteresis: a window hovering at the bound does not flap)."""
+
+    min_episodes: int = Field(32, ge=2, le=100_000)
+    max_false_success_rate: float = Field(0.3, ge=0.0, le=1.0)  # failures the reward calls a success
+    min_auc: float = Field(0.6, ge=0.0, le=1.0)  # P(a success scores above a failure)
+    clear_margin: float = Field(0.05, ge=0.0, le=0.5)
+
+
+class ProbesConfig(_Strict):
+    """Invariance probes (off by default): for a sampled `fraction` of scored episodes with known
+    success, the same episode is scored again in the background — frames reversed, frames shuffled
+    (seeded), or another task's instruction of the same run — and the margin (original - probe) is
+    kept per key. A probe never delays an answer: it starts after it, only while no request waits
+    for the backend and more than `reserve_slots` of its slots are free, at most `max_in_flight` at
+    once; otherwise it is dropped and counted."""
+
+    fraction: float = Field(0.0, ge=0.0, le=1.0)
+    kinds: list[Literal["reversed", "shuffled", "instruction"]] = Field(
+        default_factory=lambda: list(PROBE_KINDS), min_length=1)
+    seed: int = 0
+    max_in_flight: int = Field(4, ge=1, le=1024)
+    reserve_slots: int = Field(8, ge=0)  # free endpoint slots kept for real work
+
+
+class QualityConfig(_Strict):
+    enabled: bool = True
+    window: int = Field(128, ge=2, le=100_000)  # the last N episodes per key with known success
+    # Where a score says success, as the RLinf client's success_threshold maps it (and `report`'s default).
+    success_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    # (run, backend, task) keys tracked; an episode of a key beyond is counted as dropped, never tracked
+    # (label sets on /metrics stay bounded).
+    max_keys: int = Field(256, ge=1, le=100_000)
+    alarm: QualityAlarmConfig = Field(default_factory=QualityAlarmConfig)
+    probes: ProbesConfig = Field(default_factory=ProbesConfig)
+
+    @model_validator(mode="after")
+    def _window_holds_the_minimum(self) -> QualityConfig:
+        if self.alarm.min_episodes > self.window:
+            raise ValueError(f"alarm.min_episodes ({self.alarm.min_episodes}) is more than the window ({self.window}): "
+                             "no key could ever be judged")
+        return self

@@ -1,0 +1,126 @@
+"""The live monitor: one rolling window per (run, backend, task) of the episodes that carry
+`metadata.env_success`, its numbers on /metrics and GET /quality, the alarm's transitions as a
+WARNING, a counter and an audit line (kind `quality_alarm`). Runs on the event loop, after each
+scored episode: a window of 128 costs well under a millisecond (bench/bench_quality.py)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from proxy.audit import AuditLog
+from proxy.config import QualityConfig
+from proxy.metrics import Metrics
+from proxy.quality.window import ALARM, OK, UNKNOWN, KeyWindow
+
+__all__ = ["QualityMonitor", "quality_key"]
+
+log = logging.getLogger(__name__)
+MAX_TASK_LABEL = 128  # a task text as a label: its start (task ids are short)
+
+Key = tuple[str | None, str, str]
+
+
+def quality_key(backend: str, task_text: str, metadata: dict[str, Any] | None) -> Key:
+    """(metadata.run, backend, metadata.task_id, else the task text)."""
+    metadata = metadata or {}
+    task = metadata.get("task_id")
+    return (None if metadata.get("run") is None else str(metadata["run"]), backend,
+            str(task) if task is not None else task_text[:MAX_TASK_LABEL])
+
+
+def _gauge(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+class QualityMonitor:
+    def __init__(self, config: QualityConfig, metrics: Metrics, audit: AuditLog) -> None:
+        self.config, self.metrics, self.audit = config, metrics, audit
+        self.windows: dict[Key, KeyWindow] = {}
+        self.dropped = 0
+
+    def observe(self, backend: str, task_text: str, metadata: dict[str, Any] | None,
+                score: float | None) -> dict[str, Any] | None:
+        """One episode's outcome (score None: its reply did not parse). Returns what its answer says
+        about its key ({"status", "reason", "key"}), or None when the monitor is off or the key untracked."""
+        if not self.config.enabled:
+            return None
+        key = quality_key(backend, task_text, metadata)
+        window = self.windows.get(key)
+        success = (metadata or {}).get("env_success")
+        if success is not None:
+            if window is None:
+                if len(self.windows) >= self.config.max_keys:
+                    self.dropped += 1
+                    self.metrics.quality_keys_dropped.inc()
+                    return None
+                window = self.windows[key] = KeyWindow(self.config.window)
+            numbers = window.add(score, bool(success), self.config.success_threshold)
+            if window.judge(self.config.alarm):
+                self._transition(key, window, numbers)
+            self._export(key, window, numbers)
+        if window is None:  # no truth for this key yet: nothing to say
+            return None
+        return self._answer(key, window)
+
+    def observe_probe(self, key: Key, kind: str, original: float, probe: float) -> dict[str, Any] | None:
+        """One invariance probe of a tracked key (proxy/pipelines/probes.py); its kind's numbers."""
+        window = self.windows.get(key)
+        if window is None:
+            return None
+        numbers = window.add_probe(kind, original, probe)
+        labels = (key[0] or "", key[1], key[2], kind)
+        self.metrics.quality_probe_margin.labels(*labels).set(numbers["mean_margin"])
+        self.metrics.quality_probe_inversions.labels(*labels).set(numbers["inversion_rate"])
+        return numbers
+
+    def _answer(self, key: Key, window: KeyWindow) -> dict[str, Any]:
+        run, backend, task = key
+        return {"status": window.status(self.config.alarm.min_episodes), "reason": window.reason,
+                "key": {"run": run, "backend": backend, "task_id": task}}
+
+    def _export(self, key: Key, window: KeyWindow, numbers: dict[str, Any]) -> None:
+        labels = (key[0] or "", key[1], key[2])
+        m = self.metrics
+        m.quality_episodes.labels(*labels).set(numbers["episodes"])
+        m.quality_auc.labels(*labels).set(_gauge(numbers["auc"]))
+        m.quality_accuracy.labels(*labels).set(_gauge(numbers["accuracy"]))
+        m.quality_false_success_rate.labels(*labels).set(_gauge(numbers["false_success_rate"]))
+        m.quality_mean_score.labels(*labels, "success").set(_gauge(numbers["mean_score_success"]))
+        m.quality_mean_score.labels(*labels, "failure").set(_gauge(numbers["mean_score_failure"]))
+        m.quality_parse_failures.labels(*labels).set(numbers["parse_failures"])
+        m.quality_alarm.labels(*labels).set(int(window.alarmed))
+
+    def _transition(self, key: Key, window: KeyWindow, numbers: dict[str, Any]) -> None:
+        run, backend, task = key
+        to = ALARM if window.alarmed else OK
+        self.metrics.quality_transitions.labels(backend, to).inc()
+        if window.alarmed:
+            log.warning("reward quality ALARM for run %r, backend %r, task %r: %s; the reward may be hacked "
+                        "(docs/reward-quality.md)", run, backend, task, window.reason)
+        else:
+            log.warning("reward quality alarm cleared for run %r, backend %r, task %r (false-success rate %s, "
+                        "ROC-AUC %s over %d scored episodes)", run, backend, task, _fmt(numbers["false_success_rate"]),
+                        _fmt(numbers["auc"]), numbers["n"])
+        self.audit.write({"kind": "quality_alarm", "run": run, "backend": backend, "task_id": task, "status": to,
+                          "reason": window.reason, "numbers": numbers, "episodes_seen": window.episodes})
+
+    def health(self) -> dict[str, Any]:
+        """/health's reward_quality: alarm if any key is, ok if any key was judged, else unknown."""
+        alarms = [{**self._answer(key, w)["key"], "reason": w.reason, "numbers": w.numbers}
+                  for key, w in self.windows.items() if w.alarmed]
+        statuses = {w.status(self.config.alarm.min_episodes) for w in self.windows.values()}
+        status = ALARM if alarms else (OK if OK in statuses else UNKNOWN)
+        return {"status": status, "alarms": alarms}
+
+    def snapshot(self) -> dict[str, Any]:
+        """GET /quality: every key's window numbers, its first full window (drift), its status."""
+        keys = [{**self._answer(key, w), "episodes_seen": w.episodes, "window": w.numbers, "first_window": w.first,
+                 "probes": w.probe_numbers()} for key, w in self.windows.items()]
+        return {"config": self.config.model_dump(), "keys": keys, "keys_dropped_episodes": self.dropped,
+                **self.health()}
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
