@@ -120,8 +120,10 @@ class Metrics:
                                       "scored, dropped_busy (the backend had no room to spare), dropped_cap "
                                       "(probes.max_in_flight), no_other_task, or the error code",
                                       ["backend", "probe", "outcome"], registry=r)
+        self.quality_keys_evicted = Counter("vlm_proxy_quality_keys_evicted_total", "Keys forgotten to make room "
+                                            "for a new one (the least recently seen not in alarm)", registry=r)
         self.quality_keys_dropped = Counter("vlm_proxy_quality_keys_dropped_total", "Episodes not tracked: "
-                                            "quality.max_keys keys are tracked already", registry=r)
+                                            "quality.max_keys keys are tracked, every one in alarm", registry=r)
 
     def observe_endpoints(self, backend: str, endpoints: Iterable[Any]) -> None:
         """The gauges of one backend's endpoints (proxy.upstream.pool.Endpoint), on a change and at each

@@ -136,9 +136,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # --- running in parallel (`make test`: pytest-xdist, `-n 4 --dist loadscope --no-loadscope-reorder`) ---
 # Most of the suite waits (on sockets, subprocesses, timeouts), so 4 workers on 2 cores finish
 # sooner than 1. A module's tests stay in one worker, so module-scoped stacks start once; a tier
-# with one session-scoped stack for all its modules is one scope, so it starts once too. (Not
-# `--dist loadgroup`: under pytest 9.2 xdist 3.8 cannot add its group suffix to a test's id.)
-ONE_STACK_TIERS = ("real_vllm",)
+# with one session-scoped stack for all its modules is one scope, so it starts once too, and so is
+# the reference tier (three modules of subprocess work, one after another: the heavy tiers take
+# three workers at most, the fourth runs the quick ones). (Not `--dist loadgroup`: under pytest
+# 9.2 xdist 3.8 cannot add its group suffix to a test's id.)
+ONE_WORKER_TIERS = ("real_vllm", "reference")
 # Minutes of subprocess start-up: these start first and the quick tiers fill the other workers.
 FIRST_TIERS = ("real_rlinf", "real_vllm", "reference")
 TESTS_DIR = Path(__file__).resolve().parent
@@ -157,10 +159,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _scope(nodeid: str) -> str:
-    """A test's unit of work for xdist: its module, or its tier where the tier shares one stack."""
+    """A test's unit of work for xdist: its module, or its whole tier (ONE_WORKER_TIERS)."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
-    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in ONE_STACK_TIERS else path
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in ONE_WORKER_TIERS else path
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -48,12 +48,18 @@ def free_ports(count: int) -> list[int]:
     for a minute opens many (one took the proxy's port in a CI run). These it never hands out."""
     rng = random.SystemRandom()
     low = min(_ephemeral_low(), 65536)
+    # Under pytest-xdist each worker draws from its own slice: between our check and the server's
+    # bind, another worker cannot pick the same port.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    span = (low - 10000) // workers
+    start = 10000 + span * (int(worker[2:]) if worker[2:].isdigit() else 0) % max(1, low - 10000)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         for _ in range(1000 * count):
             if len(ports) == count:
                 return ports
-            port = rng.randrange(10000, low)
+            port = rng.randrange(start, start + span)
             sock = stack.enter_context(socket.socket())
             try:
                 sock.bind(("127.0.0.1", port))

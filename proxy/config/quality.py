@@ -19,7 +19,10 @@ class QualityAlarmConfig(_Strict):
     reward disagrees with success beyond a bound; it clears only once both numbers are back inside
     by `clear_margin` (hysteresis: a window hovering at the bound does not flap)."""
 
-    min_episodes: int = Field(32, ge=2, le=100_000)
+    min_episodes: int = Field(32, ge=2, le=4096)
+    # A number resting on a handful of one outcome is no verdict (early LIBERO runs see ~5%
+    # successes): the false-success rate needs this many failures, the ROC-AUC this many of each.
+    min_per_outcome: int = Field(8, ge=1, le=4096)
     max_false_success_rate: float = Field(0.3, ge=0.0, le=1.0)  # failures the reward calls a success
     min_auc: float = Field(0.6, ge=0.0, le=1.0)  # P(a success scores above a failure)
     clear_margin: float = Field(0.05, ge=0.0, le=0.5)
@@ -40,10 +43,18 @@ class ProbesConfig(_Strict):
     max_in_flight: int = Field(4, ge=1, le=1024)
     reserve_slots: int = Field(8, ge=0)  # free endpoint slots kept for real work
 
+    @model_validator(mode="after")
+    def _kinds_once(self) -> ProbesConfig:
+        if len(set(self.kinds)) != len(self.kinds):
+            raise ValueError(f"kinds lists a kind twice: {self.kinds}")
+        return self
+
 
 class QualityConfig(_Strict):
     enabled: bool = True
-    window: int = Field(128, ge=2, le=100_000)  # the last N episodes per key with known success
+    # The last N episodes per key with known success. Capped: each episode recomputes its key's
+    # numbers on the event loop (bench/bench_quality.py: ~0.2 ms at 128, ~1 ms at 512).
+    window: int = Field(128, ge=2, le=4096)
     # Where a score says success, as the RLinf client's success_threshold maps it (and `report`'s default).
     success_threshold: float = Field(0.5, ge=0.0, le=1.0)
     # (run, backend, task) keys tracked; an episode of a key beyond is counted as dropped, never tracked
@@ -57,4 +68,8 @@ class QualityConfig(_Strict):
         if self.alarm.min_episodes > self.window:
             raise ValueError(f"alarm.min_episodes ({self.alarm.min_episodes}) is more than the window ({self.window}): "
                              "no key could ever be judged")
+        if (self.alarm.max_false_success_rate < self.alarm.clear_margin
+                or self.alarm.min_auc + self.alarm.clear_margin > 1.0):
+            raise ValueError("alarm.clear_margin leaves no room to clear: max_false_success_rate - clear_margin "
+                             "must be >= 0 and min_auc + clear_margin <= 1")
         return self

@@ -24,7 +24,7 @@ from proxy.media.decode import decode_source
 from proxy.media.encode import encode_prefix, prefix_indices
 from proxy.pipelines.scoring import Scorer
 from proxy.prompting.request import resolve_request
-from proxy.schemas import ScoreRequest, ScoreResponse, json_number
+from proxy.schemas import QualityStatus, ScoreRequest, ScoreResponse, json_number
 from vlm_protocol.frames import sample_indices
 
 __all__ = ["DEFAULT_POINTS", "DenseRequest", "DenseResponse", "score_dense"]
@@ -76,6 +76,8 @@ class DenseResponse(BaseModel):
     attempts: int  # upstream calls in all (one per point, plus retries)
     usage: dict[str, int]  # token usage summed over the points' scored replies
     timings_ms: dict[str, float]  # load (one decode for every point), total
+    # the live monitor on the episode (its last point is the whole episode), as /score's `quality`
+    quality: QualityStatus | None = None
 
 
 async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float | None = None) -> DenseResponse:
@@ -122,7 +124,12 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
         for key, value in (result.usage or {}).items():
             if isinstance(value, int):
                 usage[key] = usage.get(key, 0) + value
+    # the curve's last point scores the whole episode: that is the episode the monitor sees
+    watched = scorer.watch_episode(backend.name, request.task_text,
+                                   request.metadata.model_dump(exclude_none=True) if request.metadata else None,
+                                   done[-1].score) if ends and ends[-1] == count - 1 else None
     return DenseResponse(
+        quality=watched,
         curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)
                for end, r in zip(ends, done, strict=True)],
         points=done, backend=backend.name, model=done[-1].model, source_count=count,

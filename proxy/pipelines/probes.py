@@ -93,13 +93,16 @@ class InvarianceProbes:
 
     def _remember(self, key: tuple, task_text: str) -> None:
         run, _, task = key
-        tasks = self.instructions.get(run)
+        tasks = self.instructions.pop(run, None)  # re-inserted last: the oldest run is forgotten first
         if tasks is None:
             if len(self.instructions) >= MAX_RUNS:
-                return
-            tasks = self.instructions[run] = {}
-        if task in tasks or len(tasks) < MAX_TASKS_PER_RUN:
-            tasks[task] = task_text
+                del self.instructions[next(iter(self.instructions))]
+            tasks = {}
+        self.instructions[run] = tasks
+        tasks.pop(task, None)
+        if len(tasks) >= MAX_TASKS_PER_RUN:
+            del tasks[next(iter(tasks))]
+        tasks[task] = task_text
 
     async def _probe(self, kind: str, key: tuple, request: ScoreRequest, backend: Backend,
                      metadata: dict[str, Any] | None, original: float, frames: EncodedFrames) -> None:
@@ -122,7 +125,9 @@ class InvarianceProbes:
             probe_request = request.model_copy(update={"task_text": other})
             described["other_task"] = other
         try:
-            answer = await self.scorer.score(probe_request, admit=False, encoded=variant, probe=described)
+            # one attempt's time: a probe is not worth the retry policy's deadline
+            answer = await self.scorer.score(probe_request, admit=False, encoded=variant, probe=described,
+                                             budget_s=backend.config.retry.timeout_s)
         except ProxyError as err:
             self.metrics.quality_probes.labels(name, kind, err.code).inc()
             return

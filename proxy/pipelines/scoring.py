@@ -143,7 +143,8 @@ class Scorer:
             if episode:  # a curve's prefixes and probes are not episodes (the route counts the curve)
                 self.metrics.episodes.labels(backend.name, err.code).inc()
                 if isinstance(err, ScoreParseError) and self.quality is not None:  # a reply, but no score
-                    self.quality.observe(backend.name, request.task_text, trace.metadata, None)
+                    self._watch("window", lambda: self.quality.observe(backend.name, request.task_text,
+                                                                       trace.metadata, None))
             self.audit.write({**trace.record(), **(probe or {}), "error": {"code": err.code, "message": err.message},
                               "attempts": err.attempts})
             raise
@@ -155,9 +156,7 @@ class Scorer:
                               "attempts": response.attempts, "timings_ms": response.timings_ms})
             return response
         if episode:
-            said = self.quality.observe(backend.name, request.task_text, trace.metadata,
-                                        response.score) if self.quality is not None else None
-            response.quality = QualityStatus.model_validate(said) if said is not None else None
+            response.quality = self.watch_episode(backend.name, request.task_text, trace.metadata, response.score)
             self.metrics.episodes.labels(backend.name, "ok").inc()
             self.metrics.scores.labels(backend.name).observe(response.score)
             self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
@@ -166,8 +165,26 @@ class Scorer:
                           **response.model_dump(include={"samples", "spread", "logprob"}, exclude_none=True),
                           "attempts": response.attempts, "timings_ms": response.timings_ms})
         if episode and self.probes is not None and trace.encoded is not None:
-            self.probes.after(request, backend, trace.metadata, response.score, trace.encoded)
+            encoded = trace.encoded
+            self._watch("probes", lambda: self.probes.after(request, backend, trace.metadata, response.score, encoded))
         return response
+
+    def watch_episode(self, backend: str, task_text: str, metadata: dict[str, Any] | None,
+                      score: float) -> QualityStatus | None:
+        """The live monitor's view of one scored episode (also a dense curve's whole episode)."""
+        if self.quality is None:
+            return None
+        said = self._watch("window", lambda: self.quality.observe(backend, task_text, metadata, score))
+        return QualityStatus.model_validate(said) if said is not None else None
+
+    @staticmethod
+    def _watch(what: str, call: Any) -> Any:
+        """The monitor never fails an episode that was scored: its own error is logged, never the answer's."""
+        try:
+            return call()
+        except Exception:  # noqa: BLE001 (any bug here must not turn a score into a 500)
+            log.exception("reward-quality %s failed; the episode's answer is unaffected", what)
+            return None
 
     async def _score(self, request: ScoreRequest, backend: Backend, started: float,
                      budget_s: float | None, trace: _Trace, encoded: EncodedFrames | None) -> ScoreResponse:
@@ -180,7 +197,7 @@ class Scorer:
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
         frames, fps, trace.frames, trace.frame_store = await self.load_episode(
-            request, cfg, resolved.limits, resolved.requested_nframes, encoded)
+            request, cfg, resolved.limits, resolved.requested_nframes, encoded, store=trace.kind != "probe")
         trace.encoded = frames
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
@@ -232,7 +249,7 @@ class Scorer:
                                                               budget_s=budget_s), "batch item")
 
     async def load_episode(self, request: ScoreRequest, cfg: BackendConfig, limits: FrameLimits, requested: int,
-                           encoded: EncodedFrames | None = None
+                           encoded: EncodedFrames | None = None, *, store: bool = True
                            ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
         """One episode's frames as sent, the presentation rate, their provenance and what the frame
         store did with them (shared with /compare and /progress). `requested`: nframes asked for."""
@@ -248,7 +265,7 @@ class Scorer:
             vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256,
             still_sha256=frames.still_sha256)
         stored = None
-        if self.frame_store is not None:
+        if self.frame_store is not None and store:  # a probe's frames are its episode's, kept already
             stored = (await self.frame_store.put([*frames.jpegs, *frames.stills],
                                                  [*info.sha256, *info.still_sha256])).record()
         self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)

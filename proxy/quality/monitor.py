@@ -5,6 +5,7 @@ scored episode: a window of 128 costs well under a millisecond (bench/bench_qual
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any
@@ -44,14 +45,16 @@ class QualityMonitor:
                 score: float | None) -> dict[str, Any] | None:
         """One episode's outcome (score None: its reply did not parse). Returns what its answer says
         about its key ({"status", "reason", "key"}), or None when the monitor is off or the key untracked."""
-        if not self.config.enabled:
-            return None
+        if not self.config.enabled or (metadata or {}).get("replay_of_line") is not None:
+            return None  # a replay re-scores an old log: never evidence about the live run
         key = quality_key(backend, task_text, metadata)
-        window = self.windows.get(key)
+        window = self.windows.pop(key, None)
+        if window is not None:
+            self.windows[key] = window  # the most recently seen last: eviction takes the idlest first
         success = (metadata or {}).get("env_success")
         if success is not None:
             if window is None:
-                if len(self.windows) >= self.config.max_keys:
+                if len(self.windows) >= self.config.max_keys and not self._evict_idlest():
                     self.dropped += 1
                     self.metrics.quality_keys_dropped.inc()
                     return None
@@ -63,6 +66,32 @@ class QualityMonitor:
         if window is None:  # no truth for this key yet: nothing to say
             return None
         return self._answer(key, window)
+
+    def _evict_idlest(self) -> bool:
+        """Make room for a new key: forget the least recently seen key not in alarm (an alarm is never
+        forgotten silently), its series with it. False when every key is in alarm."""
+        for key, window in self.windows.items():
+            if not window.alarmed:
+                del self.windows[key]
+                self._forget_series(key, window)
+                self.metrics.quality_keys_evicted.inc()
+                return True
+        return False
+
+    def _forget_series(self, key: Key, window: KeyWindow) -> None:
+        labels = (key[0] or "", key[1], key[2])
+        m = self.metrics
+        for gauge in (m.quality_episodes, m.quality_auc, m.quality_accuracy, m.quality_false_success_rate,
+                      m.quality_parse_failures, m.quality_alarm):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
+        for outcome in ("success", "failure"):
+            with contextlib.suppress(KeyError):
+                m.quality_mean_score.remove(*labels, outcome)
+        for kind in window.probes:
+            for gauge in (m.quality_probe_margin, m.quality_probe_inversions):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels, kind)
 
     def observe_probe(self, key: Key, kind: str, original: float, probe: float) -> dict[str, Any] | None:
         """One invariance probe of a tracked key (proxy/pipelines/probes.py); its kind's numbers."""

@@ -52,9 +52,16 @@ class KeyWindow:
 
     def judge(self, alarm: Any) -> bool:
         """Update the alarm from the current numbers (`alarm`: proxy.config.QualityAlarmConfig);
-        True when it changed. Fewer than min_episodes scored: no new alarm, and none cleared."""
-        n, fsr, auc = self.numbers.get("n", 0), self.numbers.get("false_success_rate"), self.numbers.get("auc")
+        True when it changed. A number without enough evidence (fewer than min_episodes scored, or
+        fewer than min_per_outcome of the outcomes it rests on) is no verdict: it neither raises nor
+        clears."""
+        n = self.numbers.get("n", 0)
         if n < alarm.min_episodes:
+            return False
+        enough_failures = self.numbers["failures"] >= alarm.min_per_outcome
+        fsr = self.numbers["false_success_rate"] if enough_failures else None
+        auc = self.numbers["auc"] if enough_failures and self.numbers["successes"] >= alarm.min_per_outcome else None
+        if fsr is None and auc is None:
             return False
         breaches = []
         if fsr is not None and fsr > alarm.max_false_success_rate:
@@ -66,12 +73,13 @@ class KeyWindow:
                 self.alarmed, self.reason = True, f"{' and '.join(breaches)} over the last {n} scored episodes"
                 return True
             return False
+        # cleared only by evidence: each number judged is back inside by the margin
         inside = ((fsr is None or fsr <= alarm.max_false_success_rate - alarm.clear_margin)
                   and (auc is None or auc >= alarm.min_auc + alarm.clear_margin))
         if inside:
             self.alarmed, self.reason = False, None
             return True
-        if breaches:  # still out: the reason follows the numbers
+        if breaches:  # still out: the reason follows the numbers (in the margin band it keeps the last)
             self.reason = f"{' and '.join(breaches)} over the last {n} scored episodes"
         return False
 

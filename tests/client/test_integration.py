@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import cv2
 import numpy as np
@@ -21,7 +22,7 @@ from tests.client.standin_env import StandInLiberoEnv
 from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import episode_frames, frame_level
 from tests.fakes.fake_vllm import decode_video_part
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 QWEN = "qwen2_5_vl_vllm"
 
@@ -103,14 +104,29 @@ def test_primo_backend(proxy_server):
 
 @pytest.mark.parametrize("batch", ["never", "auto"])
 async def test_fifty_envs_ending_together_are_scored_concurrently(proxy_server, fake_qwen, batch):
-    fake_qwen.config.latency_base_s = 0.3  # each fake generation holds a slot this long
+    # Overlap, not time: the fake holds every generation until all 50 are in flight at once (a
+    # client that scored one by one would never get there: the watcher gives up after 60 s).
+    release, seen = threading.Event(), {}
+    fake_qwen.script(*[{"hold": release}] * 50)
+
+    def release_when_all_arrived() -> None:
+        try:
+            seen["all_at_once"] = bool(wait_until(lambda: fake_qwen.fake.state.chat_count == 50, 60,
+                                                  "50 generations in flight at once"))
+        except AssertionError:
+            seen["all_at_once"] = False
+        finally:
+            release.set()
+
+    watcher = threading.Thread(target=release_when_all_arrived)
+    watcher.start()
     episodes = [Episode(episode_frames(16, 56, 56), f"task {i}", 0.0) for i in range(50)]
     async with AsyncRewardClient(client_cfg(proxy_server, batch=batch, nframes=4)) as client:
         results = await client.score_episodes(episodes)
+    watcher.join()
+    assert seen["all_at_once"]
     assert all(r.ok for r in results) and len(results) == 50
     assert fake_qwen.fake.state.chat_count == 50
-    # Overlap, not time: most of the 50 generations were running at the same moment.
-    assert fake_qwen.fake.state.max_running_seen >= 25
     batch_calls = client.stats.requests - 50  # requests beyond one per episode
     assert (batch_calls < 0) if batch == "auto" else (batch_calls == 0)
 

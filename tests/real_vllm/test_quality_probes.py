@@ -28,7 +28,8 @@ def _proxy(real_stack: RealStack, audit, probes: bool) -> ProxyServerThread:
     data = yaml.safe_load(real_stack.config_path.read_text())
     data["proxy"]["audit_log"] = str(audit)
     data["quality"] = {"window": 8, "alarm": {"min_episodes": 4},
-                       "probes": {"fraction": 1.0 if probes else 0.0, "kinds": ["reversed", "shuffled"]}}
+                       "probes": {"fraction": 1.0 if probes else 0.0, "kinds": ["reversed", "shuffled"],
+                                  "max_in_flight": 64, "reserve_slots": 0}}  # every probe runs
     return ProxyServerThread(settings_from_dict(data)).start()
 
 

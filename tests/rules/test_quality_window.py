@@ -106,3 +106,29 @@ def test_parse_failures_are_counted_never_scored():
 def test_the_window_must_hold_the_minimum():
     with pytest.raises(ValueError, match="min_episodes"):
         QualityConfig(window=16, alarm={"min_episodes": 32})
+
+
+def test_a_handful_of_one_outcome_is_no_verdict():
+    """127 successes and one failure scored high: a false-success rate of 1.0 resting on one failure
+    raises nothing; nor does a ROC-AUC resting on one success."""
+    window = KeyWindow(128)
+    feed(window, [(0.9, True)] * 127 + [(0.9, False)])
+    assert window.numbers["false_success_rate"] == 1.0 and not window.alarmed
+    window = KeyWindow(128)
+    feed(window, [(0.1, True)] + [(0.2, False)] * 127)
+    assert window.numbers["auc"] == 0.0 and not window.alarmed
+
+
+def test_an_alarm_is_not_cleared_by_a_window_that_lost_its_evidence():
+    window = KeyWindow(20)
+    feed(window, [(0.9, True), (0.9, False)] * 10)
+    assert window.alarmed
+    feed(window, [(0.9, True)] * 20)  # no failures left: no verdict, the alarm holds
+    assert window.alarmed and window.numbers["false_success_rate"] is None
+
+
+def test_a_margin_that_cannot_clear_is_refused_and_kinds_are_unique():
+    with pytest.raises(ValueError, match="clear_margin"):
+        QualityConfig(alarm={"max_false_success_rate": 0.02, "clear_margin": 0.05})
+    with pytest.raises(ValueError, match="twice"):
+        QualityConfig(probes={"kinds": ["reversed", "reversed"]})

@@ -128,20 +128,40 @@ def test_parse_failures_count_in_the_window_and_episodes_without_truth_are_not_t
     assert entry["window"]["episodes"] == 2 and entry["window"]["parse_failures"] == 1 and entry["window"]["n"] == 1
 
 
-def test_keys_beyond_the_cap_are_counted_not_tracked(fake_vllm_factory, fake_primo, proxy_factory, media_root):
+def test_a_new_key_beyond_the_cap_evicts_the_idlest_key_not_in_alarm(fake_vllm_factory, fake_primo, proxy_factory,
+                                                                     media_root):
+    HACKED["task"] = 1
     qwen = fake_vllm_factory(served_model_name=QWEN_MODEL, record=False)
     qwen.fake.state.reply_fn = grade
     data = libero_settings_dict([qwen.base_url], [fake_primo.base_url], media_root)
-    data["quality"] = {"max_keys": 2, "window": 8, "alarm": {"min_episodes": 4}}
+    data["quality"] = {"max_keys": 2, "window": 8, "alarm": {"min_episodes": 4, "min_per_outcome": 2}}
     proxy = proxy_factory(settings_from_dict(data))
     with httpx.Client(base_url=proxy.url, timeout=60, trust_env=False) as http:
-        answers = score_all(http, episodes(1, 0, 2) + episodes(2, 0, 2) + episodes(3, 0, 3))
-        assert [a["quality"] is None for a in answers] == [False] * 4 + [True] * 3
-        assert sorted(keys(http)) == ["1", "2"]
-        assert http.get("/quality").json()["keys_dropped_episodes"] == 3
+        assert score_all(http, episodes(1, 0, 8))[-1]["quality"]["status"] == "alarm"
+        score_all(http, episodes(2, 0, 2))
+        score_all(http, episodes(3, 0, 2))  # room for key 3: key 2 goes, never key 1 (in alarm)
+        assert sorted(keys(http)) == ["1", "3"]
         metrics = http.get("/metrics").text
-        assert "vlm_proxy_quality_keys_dropped_total 3.0" in metrics
-        assert 'task="3"' not in metrics  # the label set stays bounded
+        assert "vlm_proxy_quality_keys_evicted_total 1.0" in metrics and 'task="2"' not in metrics
+        HACKED["task"] = 3
+        assert score_all(http, episodes(3, 2, 6))[-1]["quality"]["status"] == "alarm"
+        # every key in alarm: a new key is counted, not tracked, and no alarm is forgotten
+        assert score_all(http, episodes(4, 0, 1))[0]["quality"] is None
+        assert sorted(keys(http)) == ["1", "3"] and http.get("/quality").json()["keys_dropped_episodes"] == 1
+        assert "vlm_proxy_quality_keys_dropped_total 1.0" in http.get("/metrics").text
+
+
+def test_a_dense_curve_counts_as_its_episode_and_a_replay_never_counts(monitored):
+    _, http, _ = monitored
+    item = episodes(5, 0, 1)[0]
+    dense = http.post("/score/dense", json={**item, "frames_npy": npy_b64(episode_frames(8, 56, 56)), "points": 3})
+    assert dense.status_code == 200, dense.text
+    assert dense.json()["quality"] == {"status": "unknown", "reason": None,
+                                       "key": {"run": "runB", "backend": QWEN, "task_id": "5"}}
+    assert keys(http)["5"]["episodes_seen"] == 1  # the curve is one episode, not three
+    replayed = {**item, "metadata": {**item["metadata"], "replay_of_line": 12}}
+    assert http.post("/score", json=replayed).json()["quality"] is None
+    assert keys(http)["5"]["episodes_seen"] == 1
 
 
 def video_jpegs(body: dict) -> list[str]:
