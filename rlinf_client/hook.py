@@ -305,6 +305,8 @@ class LiberoVLMReward:
                                     "step": int(self.buffers[env].count) - 1}
         if self.config.run:
             metadata["run"] = self.config.run
+        if self.config.reward_source == "score":  # the proxy's live monitor judges "says success" as we map it
+            metadata["success_threshold"] = float(self.config.success_threshold)
         if task_ids is not None and env < len(task_ids):
             metadata["task_id"] = task_ids[env].item() if hasattr(task_ids[env], "item") else task_ids[env]
         elif self.config.reward_source == "progress":  # progress groups episodes by task: the text names it

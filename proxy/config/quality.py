@@ -56,7 +56,8 @@ class QualityConfig(_Strict):
     # The last N episodes per key with known success. Capped: each episode recomputes its key's
     # numbers on the event loop (bench/bench_quality.py: ~0.2 ms at 128, ~1 ms at 512).
     window: int = Field(128, ge=2, le=4096)
-    # Where a score says success, as the RLinf client's success_threshold maps it (and `report`'s default).
+    # Where a score says success when the episode's metadata carries no success_threshold (the RLinf
+    # client sends its own; `report`'s default is the same 0.5).
     success_threshold: float = Field(0.5, ge=0.0, le=1.0)
     # (run, backend, task) keys tracked; an episode of a key beyond is counted as dropped, never tracked
     # (label sets on /metrics stay bounded).

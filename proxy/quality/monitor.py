@@ -31,6 +31,15 @@ def quality_key(backend: str, task_text: str, metadata: dict[str, Any] | None) -
             str(task) if task is not None else task_text[:MAX_TASK_LABEL])
 
 
+def _threshold(metadata: dict[str, Any] | None, default: float) -> float:
+    """Where a score says success for this episode: the client's own success_threshold when it sends
+    one (the RLinf client does), else quality.success_threshold."""
+    value = (metadata or {}).get("success_threshold")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    return default
+
+
 def _gauge(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
@@ -59,7 +68,7 @@ class QualityMonitor:
                     self.metrics.quality_keys_dropped.inc()
                     return None
                 window = self.windows[key] = KeyWindow(self.config.window)
-            numbers = window.add(score, bool(success), self.config.success_threshold)
+            numbers = window.add(score, bool(success), _threshold(metadata, self.config.success_threshold))
             if window.judge(self.config.alarm):
                 self._transition(key, window, numbers)
             self._export(key, window, numbers)

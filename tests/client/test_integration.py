@@ -17,6 +17,7 @@ from rlinf_client import (
     BadGatewayError,
     Episode,
     RewardClient,
+    RewardModelConfig,
 )
 from tests.client.standin_env import StandInLiberoEnv
 from tests.conftest import libero_settings_dict
@@ -211,9 +212,11 @@ def test_the_hook_sends_ground_truth_and_ids_that_reach_the_audit_log_not_the_mo
         env.vlm_reward.close()
     proxy.flush_audit()
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
-    got = sorted((m["env"], m["episode_id"], m["env_success"], m["step"], m["task_id"], m["run"])
-                 for m in (line["metadata"] for line in lines))
-    assert got == [(0, "env0-ep1", True, 3, 0, "runB_qwen"), (1, "env1-ep1", False, 8, 1, "runB_qwen"),
-                   (2, "env2-ep1", True, 5, 2, "runB_qwen")]
+    got = sorted((m["env"], m["episode_id"], m["env_success"], m["step"], m["task_id"], m["run"],
+                  m["success_threshold"]) for m in (line["metadata"] for line in lines))
+    threshold = RewardModelConfig().success_threshold  # the run's own, for the live monitor's "says success"
+    assert got == [(0, "env0-ep1", True, 3, 0, "runB_qwen", threshold), (1, "env1-ep1", False, 8, 1, "runB_qwen",
+                                                                         threshold),
+                   (2, "env2-ep1", True, 5, 2, "runB_qwen", threshold)]
     sent = json.dumps(fake_qwen.chat_requests)
     assert "runB_qwen" not in sent and "env0-ep1" not in sent  # metadata never reaches the model

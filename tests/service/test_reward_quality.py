@@ -226,3 +226,23 @@ def test_probes_score_reversed_shuffled_and_other_instructions_in_the_background
         assert float(metrics.split(margin)[1].split()[0]) == pytest.approx(0.6)
         # task 2's episode had no other task to borrow from yet: its instruction probe is counted, not run
         assert 'outcome="no_other_task",probe="instruction"} 1.0' in metrics
+
+
+def test_the_clients_success_threshold_decides_what_says_success(fake_vllm_factory, fake_primo, proxy_factory,
+                                                                 media_root):
+    """A run mapping with success_threshold 0.95: a failure scored 0.9 is no false success for it,
+    while the proxy's default 0.5 would call every such failure one."""
+    HACKED["task"] = 1  # failures scored 90
+    qwen = fake_vllm_factory(served_model_name=QWEN_MODEL, record=False)
+    qwen.fake.state.reply_fn = grade
+    data = libero_settings_dict([qwen.base_url], [fake_primo.base_url], media_root)
+    data["quality"] = {"window": 8, "alarm": {"min_episodes": 4, "min_per_outcome": 2}}
+    proxy = proxy_factory(settings_from_dict(data))
+    strict = [{**item, "metadata": {**item["metadata"], "success_threshold": 0.95}} for item in episodes(1, 0, 8)]
+    with httpx.Client(base_url=proxy.url, timeout=60, trust_env=False) as http:
+        score_all(http, strict)
+        entry = keys(http)["1"]
+        assert entry["window"]["threshold"] == 0.95 and entry["window"]["false_success_rate"] == 0.0
+        score_all(http, episodes(1, 100, 8))  # no threshold sent: the proxy's 0.5
+        entry = keys(http)["1"]
+        assert entry["window"]["threshold"] == 0.5 and entry["window"]["false_success_rate"] == 1.0
