@@ -19,7 +19,7 @@ from reports.by_task import task_order
 __all__ = ["PROBE_KINDS", "AlarmLog", "ProbeGroup", "ProbeLog", "Transition", "alarm_periods", "measure_probes",
            "probe_numbers"]
 
-ALARM, OK = "alarm", "ok"
+ALARM, OK, RESET = "alarm", "ok", "reset"  # reset: the proxy stopped with the key in alarm
 PROBE_KINDS = ("reversed", "shuffled", "instruction")  # shown in this order; any other kind after them
 NO_TASK = "(no task_id)"
 OTHER_TASKS = "(other tasks)"
@@ -42,7 +42,7 @@ def _task(task_id: Any) -> str:
 class Transition:
     ts: float
     line: int
-    status: str  # "alarm" (raised) or "ok" (cleared)
+    status: str  # "alarm" (raised), "ok" (cleared) or "reset" (the proxy stopped in alarm)
     reason: str | None
     numbers: dict[str, Any]
     episodes_seen: int | None
@@ -57,8 +57,8 @@ class AlarmLog:
     def add(self, record: dict[str, Any], line: int) -> str | None:
         """Fold one `kind: quality_alarm` line in; returns why it is malformed, or None."""
         status, ts = record.get("status"), _number(record.get("ts"))
-        if status not in (ALARM, OK) or ts is None:
-            return "a quality_alarm line without a status (alarm / ok) and a ts"
+        if status not in (ALARM, OK, RESET) or ts is None:
+            return "a quality_alarm line without a status (alarm / ok / reset) and a ts"
         run = record.get("run")
         key = (None if run is None else str(run), str(record.get("backend") or "(no backend)"),
                _task(record.get("task_id")))
@@ -84,6 +84,8 @@ def alarm_periods(alarms: AlarmLog, first_ts: float | None, last_ts: float | Non
         current: dict[str, Any] | None = None
         since = first_ts  # the earliest an alarm of this key not raised in the log can have been raised
         for t in sorted(alarms.transitions[key], key=lambda t: (t.ts, t.line)):  # rotated files may interleave
+            if t.status == RESET and current is None:  # the proxy stopped, no alarm open here: nothing ended
+                continue
             if t.status == ALARM and current is not None:
                 current["repeated_raises"] += 1
                 continue
@@ -95,11 +97,11 @@ def alarm_periods(alarms: AlarmLog, first_ts: float | None, last_ts: float | Non
                            "from_ts": raised.ts if raised else since, "to_ts": last_ts,
                            "reason": raised.reason if raised else None, "numbers": raised.numbers if raised else None,
                            "episodes_seen": raised.episodes_seen if raised else None, "repeated_raises": 0,
-                           "cleared_numbers": None}
+                           "cleared_numbers": None, "ended_by": None}
                 periods.append(current)
-            if t.status == OK:
+            if t.status in (OK, RESET):  # cleared, or the proxy stopped (alarms do not outlive it)
                 current.update(cleared_ts=t.ts, cleared_line=t.line, still_in_alarm=False, to_ts=t.ts,
-                               cleared_numbers=t.numbers)
+                               cleared_numbers=t.numbers, ended_by="clear" if t.status == OK else "proxy stopped")
                 current, since = None, t.ts
     for period in periods:
         start, end = period["from_ts"], period["to_ts"]

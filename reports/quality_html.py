@@ -228,7 +228,8 @@ def _alarm_row(period: dict[str, Any]) -> dict[str, str]:
     return {"run": period["run"] or "—", "backend": period["backend"], "task_id": period["task_id"],
             "raised": "not in this log (rotated away?)" if period["raised_ts"] is None else _utc(period["raised_ts"]),
             "cleared": "still in alarm at the end of the log" if period["still_in_alarm"]
-            else _utc(period["cleared_ts"]),
+            else _utc(period["cleared_ts"]) + (" (the proxy stopped)" if period.get("ended_by") == "proxy stopped"
+                                               else ""),
             "time in alarm": at_least + _duration(period["duration_s"]), "reason at the raise": reason,
             "numbers at the raise": _window_numbers(period["numbers"]),
             "episodes seen at the raise": fmt(period["episodes_seen"], "int")}

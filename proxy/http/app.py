@@ -113,6 +113,7 @@ def create_app(settings: Settings) -> FastAPI:
                 int(proxy_cfg.max_decoded_mb * 2**20), proxy_cfg.max_video_frames, proxy_cfg.max_video_seconds))
             stack.push_async_callback(asyncio.to_thread, media.close)  # waits for its threads: off the loop
             app.state.quality = QualityMonitor(settings.quality, metrics, audit)  # live agreement, the alarm
+            stack.callback(app.state.quality.close)  # its `reset` lines, before the audit log closes
             app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics, audit, frame_store, media=media,
                                       quality=app.state.quality)
             if settings.quality.enabled and settings.quality.probes.fraction > 0:

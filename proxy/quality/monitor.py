@@ -144,6 +144,15 @@ class QualityMonitor:
         self.audit.write({"kind": "quality_alarm", "run": run, "backend": backend, "task_id": task, "status": to,
                           "reason": window.reason, "numbers": numbers, "episodes_seen": window.episodes})
 
+    def close(self) -> None:
+        """At shutdown: an alarm does not outlive the process (a restarted proxy judges afresh), so
+        each key in alarm gets an audit line of status `reset` — `report` ends its period there."""
+        for (run, backend, task), window in self.windows.items():
+            if window.alarmed:
+                self.audit.write({"kind": "quality_alarm", "run": run, "backend": backend, "task_id": task,
+                                  "status": "reset", "reason": "the proxy stopped; alarms are not kept across restarts",
+                                  "numbers": window.numbers, "episodes_seen": window.episodes})
+
     def health(self) -> dict[str, Any]:
         """/health's reward_quality: alarm if any key is, ok if any key was judged, else unknown."""
         alarms = [{**self._answer(key, w)["key"], "reason": w.reason, "numbers": w.numbers}

@@ -246,3 +246,28 @@ def test_the_clients_success_threshold_decides_what_says_success(fake_vllm_facto
         score_all(http, episodes(1, 100, 8))  # no threshold sent: the proxy's 0.5
         entry = keys(http)["1"]
         assert entry["window"]["threshold"] == 0.5 and entry["window"]["false_success_rate"] == 1.0
+
+
+def test_an_alarm_open_at_shutdown_is_written_as_reset_and_the_report_ends_its_period_there(
+        fake_vllm_factory, fake_primo, proxy_factory, media_root, tmp_path):
+    from reports.monitor_lines import AlarmLog, alarm_periods
+
+    HACKED["task"] = 1
+    qwen = fake_vllm_factory(served_model_name=QWEN_MODEL, record=False)
+    qwen.fake.state.reply_fn = grade
+    audit = tmp_path / "a.jsonl"
+    data = libero_settings_dict([qwen.base_url], [fake_primo.base_url], media_root, audit_log=str(audit))
+    data["quality"] = {"window": 8, "alarm": {"min_episodes": 4, "min_per_outcome": 2}}
+    proxy = proxy_factory(settings_from_dict(data))
+    with httpx.Client(base_url=proxy.url, timeout=60, trust_env=False) as http:
+        assert score_all(http, episodes(1, 0, 8))[-1]["quality"]["status"] == "alarm"
+    proxy.stop()  # a clean stop writes every queued line
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    transitions = [line for line in lines if line.get("kind") == "quality_alarm"]
+    assert [t["status"] for t in transitions] == ["alarm", "reset"]
+    alarms = AlarmLog()
+    for n, line in enumerate(transitions):
+        assert alarms.add(line, n) is None
+    (period,) = alarm_periods(alarms, lines[0]["ts"], lines[-1]["ts"])
+    assert not period["still_in_alarm"] and period["ended_by"] == "proxy stopped"
+    assert period["cleared_ts"] == transitions[1]["ts"]
