@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reports.by_task import task_order
+from vlm_protocol.agreement import ALARM, OK, PROBE_KINDS, RESET  # the monitor's words, defined once
 
 __all__ = ["PROBE_KINDS", "AlarmLog", "ProbeGroup", "ProbeLog", "Transition", "alarm_periods", "measure_probes",
            "probe_numbers"]
 
-ALARM, OK, RESET = "alarm", "ok", "reset"  # reset: the proxy stopped with the key in alarm
-PROBE_KINDS = ("reversed", "shuffled", "instruction")  # shown in this order; any other kind after them
 NO_TASK = "(no task_id)"
 OTHER_TASKS = "(other tasks)"
 MAX_TASKS_PER_BACKEND = 200  # as for scored episodes: more task ids than this are pooled

@@ -37,7 +37,7 @@ import hashlib
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from rlinf_client._client import RewardClient
 from rlinf_client._config import RewardModelConfig
 from rlinf_client._exceptions import NoReferenceError, QualityAlarmError
 from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs
+from rlinf_client._quality import Paid, alarm_summary, quality_alarm
 from rlinf_client._types import Episode
 from rlinf_client.mapping import map_progress, map_score, relative_step_reward
 from rlinf_client.shaping import potential_rewards
@@ -61,34 +62,6 @@ def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
 
 def _bools(data: Any) -> np.ndarray:
     return np.asarray(_as_numpy(data), dtype=bool).reshape(-1)
-
-
-class _Paid(NamedTuple):
-    """What one ending episode is paid, and why."""
-
-    score: float  # mapped into the reward
-    shown: float  # logged as vlm_score
-    result: Any  # the client's EpisodeScore / EpisodeProgress
-    native: bool = False  # on_quality_alarm: native paid the simulator's reward in place of the score
-    alarm: bool = False  # the proxy's answer said quality alarm
-
-
-def _quality_alarm(result: Any) -> dict[str, Any] | None:
-    """The answer's `quality` object when it says alarm; None for no information (an older proxy,
-    a failed request, ok / unknown, or a malformed field)."""
-    response = result.response if result.ok else None
-    quality = response.get("quality") if isinstance(response, dict) else None
-    return quality if isinstance(quality, dict) and quality.get("status") == "alarm" else None
-
-
-def _alarm_summary(flagged: list[dict[str, Any]]) -> str:
-    """Each alarmed (run, backend, task) with the proxy's reason, and how many episodes had it."""
-    labels: Counter[str] = Counter()
-    for quality in flagged:
-        key = quality.get("key") if isinstance(quality.get("key"), dict) else {}
-        labels[f"run={key.get('run')} backend={key.get('backend')} task={key.get('task_id')}: "
-               f"{quality.get('reason') or 'no reason given'}"] += 1
-    return "; ".join(f"{label} x{count}" for label, count in labels.items())
 
 
 class LiberoVLMReward:
@@ -240,23 +213,23 @@ class LiberoVLMReward:
                         self.config.failure_policy, ", ".join(f"{k} x{v}" for k, v in reasons.items()),
                         self.failures)
 
-    def _score_values(self, envs: np.ndarray, episodes: list[Episode]) -> list[_Paid]:
+    def _score_values(self, envs: np.ndarray, episodes: list[Episode]) -> list[Paid]:
         """What each episode is paid from /score (raises under fallback: raise), quality alarms
         handled per on_quality_alarm (all raised together, before any reward changes)."""
         results = self.client.score_episodes(episodes)
-        alarms = [_quality_alarm(result) for result in results]
+        alarms = [quality_alarm(result) for result in results]
         flagged = [alarm for alarm in alarms if alarm is not None]
         policy = self.config.on_quality_alarm
         if flagged and policy == "raise":
             raise QualityAlarmError(f"{len(flagged)} of {len(results)} episodes ending now came with a reward-quality "
-                                    f"alarm ({_alarm_summary(flagged)}); on_quality_alarm: raise", tuple(flagged))
+                                    f"alarm ({alarm_summary(flagged)}); on_quality_alarm: raise", tuple(flagged))
         paid = []
         for env, episode, result, alarm in zip(envs, episodes, results, alarms, strict=True):
             native = alarm is not None and policy == "native"
             scored = bool(result.ok and result.curve) and not native
             self.curves[env] = (result.curve, self.buffers[env].count) if scored else None
             value = episode.fallback if native else result.value  # native: what fallback: env_success pays
-            paid.append(_Paid(value, value, result, native=native, alarm=alarm is not None))
+            paid.append(Paid(value, value, result, native=native, alarm=alarm is not None))
         if flagged:
             self._warn_alarms(flagged, len(results))
         return paid
@@ -267,10 +240,10 @@ class LiberoVLMReward:
                 else "the VLM's score all the same")
         log.warning("reward model: %d of %d episodes ending now came with a reward-quality alarm from the proxy "
                     "(%s); paid %s (on_quality_alarm: %s); %d alarmed episodes so far", len(flagged), ending,
-                    _alarm_summary(flagged), paid, self.config.on_quality_alarm,
+                    alarm_summary(flagged), paid, self.config.on_quality_alarm,
                     self.quality_alarms)
 
-    def _progress_values(self, episodes: list[Episode]) -> list[_Paid]:
+    def _progress_values(self, episodes: list[Episode]) -> list[Paid]:
         """(score, progress, result) per episode from /progress/batch. The score: 1 for a success,
         progress x progress_coef for a failure, the fallback's value for a failed item, and for a
         failure without a reference the native reward (0) or NoReferenceError (on_no_reference).
@@ -284,13 +257,13 @@ class LiberoVLMReward:
         paid = []
         for episode, result in zip(episodes, results, strict=True):
             if not result.ok:
-                paid.append(_Paid(result.value, result.value, result))
+                paid.append(Paid(result.value, result.value, result))
                 continue
             score = map_progress(result.outcome, result.progress, progress_coef=self.config.progress_coef)
             if score is None:  # no reference: the native reward, never a made-up progress
-                paid.append(_Paid(episode.fallback, episode.fallback, result))
+                paid.append(Paid(episode.fallback, episode.fallback, result))
             else:
-                paid.append(_Paid(score, result.progress, result))
+                paid.append(Paid(score, result.progress, result))
         if missing:
             self.no_reference += len(missing)
             log.warning("reward model: %d of %d episodes ending now failed with no success of their task to "

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["agreement", "roc_auc"]
+__all__ = ["ALARM", "OK", "PROBE_KINDS", "RESET", "UNKNOWN", "agreement", "roc_auc"]
+
+# The live monitor's words, as the proxy writes them (answers, /quality, audit lines) and `report`
+# reads them: a key's status, and the kinds of invariance probe (in the order they are shown).
+ALARM, OK, UNKNOWN = "alarm", "ok", "unknown"
+RESET = "reset"  # an audit line only: the proxy stopped with the key in alarm
+PROBE_KINDS = ("reversed", "shuffled", "instruction")
 
 
 def roc_auc(scores: Sequence[float], successes: Sequence[bool]) -> float | None:

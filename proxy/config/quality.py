@@ -8,10 +8,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from proxy.config.strict import StrictModel as _Strict
+from vlm_protocol.agreement import PROBE_KINDS
 
 __all__ = ["PROBE_KINDS", "ProbesConfig", "QualityAlarmConfig", "QualityConfig"]
-
-PROBE_KINDS = ("reversed", "shuffled", "instruction")
 
 
 class QualityAlarmConfig(_Strict):

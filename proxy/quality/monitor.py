@@ -13,7 +13,8 @@ from typing import Any
 from proxy.audit import AuditLog
 from proxy.config import QualityConfig
 from proxy.metrics import Metrics
-from proxy.quality.window import ALARM, OK, UNKNOWN, KeyWindow
+from proxy.quality.window import KeyWindow
+from vlm_protocol.agreement import ALARM, OK, RESET, UNKNOWN
 
 __all__ = ["QualityMonitor", "quality_key"]
 
@@ -150,7 +151,7 @@ class QualityMonitor:
         for (run, backend, task), window in self.windows.items():
             if window.alarmed:
                 self.audit.write({"kind": "quality_alarm", "run": run, "backend": backend, "task_id": task,
-                                  "status": "reset", "reason": "the proxy stopped; alarms are not kept across restarts",
+                                  "status": RESET, "reason": "the proxy stopped; alarms are not kept across restarts",
                                   "numbers": window.numbers, "episodes_seen": window.episodes})
 
     def health(self) -> dict[str, Any]:

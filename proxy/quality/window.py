@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from vlm_protocol.agreement import agreement
+from vlm_protocol.agreement import ALARM, OK, UNKNOWN, agreement
 
-__all__ = ["ALARM", "OK", "UNKNOWN", "KeyWindow"]
-
-ALARM, OK, UNKNOWN = "alarm", "ok", "unknown"
+__all__ = ["KeyWindow"]
 
 
 class KeyWindow:

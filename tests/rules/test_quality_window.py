@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from proxy.config import QualityAlarmConfig, QualityConfig
-from proxy.quality.window import ALARM, OK, UNKNOWN, KeyWindow
+from proxy.quality.window import KeyWindow
 from reports.quality import roc_auc as report_roc_auc
-from vlm_protocol.agreement import agreement, roc_auc
+from vlm_protocol.agreement import ALARM, OK, UNKNOWN, agreement, roc_auc
 
 ALARM_CFG = QualityAlarmConfig(min_episodes=8, max_false_success_rate=0.3, min_auc=0.6, clear_margin=0.05)
 
