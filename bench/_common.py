@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -67,7 +68,9 @@ class Server:
 
 
 def _spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str | None] | None = None,
-           cwd: Path = ROOT) -> tuple[subprocess.Popen, Path]:
+           cwd: Path = ROOT, prefix: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """`prefix` goes before argv, e.g. pin_prefix(cpus): a wrapper that execs argv (same pid)."""
+    argv = [*(prefix or []), *argv]
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
     full_env = {**os.environ, **(env or {})}
@@ -96,13 +99,14 @@ def wait_ready(server: Server, path: str, timeout_s: float = 60.0, expect: int =
 
 
 def start_fake(log_dir: Path, name: str, model: str, *, latency_base_s: float = 0.0,
-               latency_per_seq_s: float = 0.0, max_num_seqs: int = 256, default_text: str = QWEN_REPLY) -> Server:
+               latency_per_seq_s: float = 0.0, max_num_seqs: int = 256, default_text: str = QWEN_REPLY,
+               prefix: list[str] | None = None) -> Server:
     port = free_port()
     proc, log = _spawn(name, [PY, "-m", "tests.fakes.fake_vllm", "--host", HOST, "--port", str(port),
                               "--served-model-name", model, "--no-record", "--default-text", default_text,
                               "--latency-base-s", str(latency_base_s),
                               "--latency-per-seq-s", str(latency_per_seq_s),
-                              "--max-num-seqs", str(max_num_seqs)], log_dir)
+                              "--max-num-seqs", str(max_num_seqs)], log_dir, prefix=prefix)
     server = Server(name, proc, port, log)
     wait_ready(server, "/health", 30)
     return server
@@ -137,16 +141,17 @@ def proxy_config(model: str, endpoints: list[str], *, max_in_flight: int = 64, m
             "backends": {"bench": backend}}
 
 
-def start_proxy(log_dir: Path, config: dict, name: str = "proxy", root: Path | None = None) -> Server:
+def start_proxy(log_dir: Path, config: dict, name: str = "proxy", root: Path | None = None,
+                prefix: list[str] | None = None) -> Server:
     """`python -m vlm_reward_cli serve` from `root` (default this checkout; another one, e.g. a scratch
-    copy with a change, runs with that copy's .venv/bin/python if it has one)."""
+    copy with a change, runs with that copy's .venv/bin/python if it has one). `prefix`: see _spawn."""
     root = Path(root) if root else ROOT
     python = str(root / ".venv/bin/python") if root != ROOT and (root / ".venv/bin/python").exists() else PY
     port = free_port()
     cfg_path = log_dir / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
     proc, log = _spawn(name, [python, "-m", "vlm_reward_cli", "serve", "--config", str(cfg_path),
-                              "--port", str(port), "--log-level", "warning"], log_dir, cwd=root)
+                              "--port", str(port), "--log-level", "warning"], log_dir, cwd=root, prefix=prefix)
     server = Server(name, proc, port, log, {"config": config})
     wait_ready(server, "/health", 60)
     return server
@@ -178,6 +183,17 @@ def start_litellm(log_dir: Path, litellm_bin: str, model: str, api_base: str) ->
                     {"config": cfg, "headers": {"authorization": f"Bearer {master_key}"}})
     wait_ready(server, "/health/liveliness", 120)
     return server
+
+
+def pin_prefix(cpus: list[int] | None) -> list[str]:
+    """`taskset -c LIST` (or the same in Python where taskset is missing): the command it runs, and
+    every thread that command starts, stay on those CPUs; the command is exec'd, so its pid is the
+    server's. [] when cpus is None."""
+    if not cpus:
+        return []
+    if shutil.which("taskset"):
+        return ["taskset", "-c", ",".join(map(str, cpus))]
+    return [PY, "-c", f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)}); os.execvp(sys.argv[1], sys.argv[1:])"]
 
 
 def stop(server: Server | None, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:

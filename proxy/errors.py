@@ -16,6 +16,7 @@
     ├── AdminKeyRequired          403  admin_key_required   (an admin route called with the scoring key)
     ├── EndpointHostForbidden     403  endpoint_host_forbidden (POST /admin/endpoints: host not in admin_endpoint_hosts)
     ├── UnknownBackend            404  unknown_backend
+    ├── FrameRulesChanged         409  frame_rules_changed  (frames encoded for the backend's old frame rules)
     ├── RouteNotFound / MethodNotAllowed   404 not_found / 405 method_not_allowed
     ├── Overloaded                429  overloaded           (retryable)
     ├── ShuttingDown              503  shutting_down        (retryable)
@@ -160,6 +161,12 @@ class PayloadTooLarge(ProxyError):
 
 class UnknownBackend(ProxyError):
     code = "unknown_backend"
+
+
+class FrameRulesChanged(ProxyError):
+    """Frames encoded by the client for a backend's frame rules that are not its rules now."""
+
+    code = "frame_rules_changed"
 
 
 class Overloaded(ProxyError):

@@ -95,6 +95,14 @@ class ScoreRequest(BaseModel):
     video_path: Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT})] | None = None
     frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
     frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
+    # With `frames`, for a layout that sends the first and last frame as still images (PRIMO-R1's):
+    # those two stills as the caller encoded them (GET /frame-rules gives their size), instead of
+    # the proxy making them from the first and last frame.
+    stills: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(
+        None, min_length=2, max_length=2)
+    # The rules id (GET /frame-rules) the caller encoded its frames for: a 409 frame_rules_changed
+    # if the backend's rules are not those now, rather than forwarding frames made for other sizes.
+    frame_rules: str | None = Field(None, min_length=1, max_length=64)
     fps: float | None = Field(None, ge=0.01, le=1000)  # source rate of inline frames
     # The rate the clip is presented at (the seed's reward_model.video_fps); used when the
     # backend's frames.presentation_fps is "seed".
@@ -122,6 +130,8 @@ class ScoreRequest(BaseModel):
                 "give exactly one of video_path, frames, frames_npy"
                 + (f" (got {', '.join(given)})" if given else "")
             )
+        if getattr(self, "stills", None) is not None and self.frames is None:
+            raise ValueError("stills come with frames (images the caller encoded), not with " + given[0])
         return self
 
 
@@ -151,6 +161,8 @@ class FramesInfo(BaseModel):
     vision_tokens: int  # what the frames cost in the prompt (Qwen2.5-VL's rule)
     sha256: list[str]  # hash of each JPEG sent, for reproducibility
     still_sha256: list[str] = Field(default_factory=list)  # of each still image sent (PRIMO's first, last)
+    # Images sent to the model as the caller encoded them (no decode, no re-encode), stills included.
+    forwarded: int = 0
 
 
 class QualityKey(BaseModel):

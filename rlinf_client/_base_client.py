@@ -11,7 +11,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -25,12 +25,15 @@ from rlinf_client._exceptions import (
     RewardAPIError,
     make_status_error,
 )
-from rlinf_client._frames import encode_npy, encode_npy_b64, prepare_frames, write_temp_mp4
+from rlinf_client._frames import encode_npy, encode_npy_b64, encode_ready, prepare_frames, write_temp_mp4
 from rlinf_client._types import ClientStats, Episode
+from vlm_protocol.frame_rules import FrameRules
 from vlm_protocol.multipart import PART_PREFIX, encode_form
 from vlm_protocol.wire import BUDGET_HEADER, REQUEST_ID_HEADER, parse_retry_after
 
 BINARY_PART = "frames"  # transport: binary; the part an episode's frames_npy names
+FRAME_FIELDS = ("frames_npy", "frames", "stills")  # the fields whose values may name a part ("part:<name>")
+Part = tuple[str, bytes]  # (Content-Type, bytes)
 
 
 @dataclass
@@ -39,27 +42,47 @@ class ScoreRequestBody:
 
     payload: dict[str, Any]
     temp_video: str | None = None  # transport: path; deleted by `discard` unless kept
-    npy: bytes | None = None  # transport: binary; the raw .npy the payload's frames_npy names as a part
+    parts: dict[str, Part] = field(default_factory=dict)  # transport: binary; the raw parts the payload names
     steps: list[int] | None = None  # dense_points: the episode step of each frame sent (curve → steps)
+    frame_rules: str | None = None  # the proxy's rules id its frames were encoded for (None: raw frames)
 
     @property
     def size(self) -> int:
         """About how many bytes the body takes (the frames dominate)."""
-        return len(self.npy if self.npy is not None else self.payload.get("frames_npy") or "") + 1024
+        if self.parts:
+            return sum(len(data) for _, data in self.parts.values()) + 1024
+        inline = self.payload.get("frames_npy") or "".join(self.payload.get("frames") or ())
+        return len(inline) + 1024
 
     def encoded(self, binary: bool = True) -> tuple[str, bytes]:
         """(Content-Type, body) for POST /score (or /score/dense); `binary=False` sends a binary
         body's frames inline instead (for a proxy that takes no binary body)."""
-        if self.npy is None or not binary:
+        if not self.parts or not binary:
             return "application/json", self.inline().to_bytes()
-        return npy_form(self.payload, {BINARY_PART: self.npy})
+        return parts_form(self.payload, self.parts)
+
+    def named(self, prefix: str) -> tuple[dict[str, Any], dict[str, Part]]:
+        """(payload, parts) with every part renamed `prefix` + name: items of one batch body."""
+        def rename(value: Any) -> Any:
+            if isinstance(value, list):
+                return [rename(v) for v in value]
+            return PART_PREFIX + prefix + value[len(PART_PREFIX):] if isinstance(value, str) else value
+        payload = {k: rename(v) if k in FRAME_FIELDS else v for k, v in self.payload.items()}
+        return payload, {prefix + name: part for name, part in self.parts.items()}
 
     def inline(self) -> ScoreRequestBody:
         """This body with its frames as base64 in the JSON (itself when they are already)."""
-        if self.npy is None:
+        if not self.parts:
             return self
-        return replace(self, payload={**self.payload, "frames_npy": base64.b64encode(self.npy).decode()},
-                                   npy=None)
+
+        def b64(value: Any) -> Any:
+            if isinstance(value, list):
+                return [b64(v) for v in value]
+            if isinstance(value, str) and value.startswith(PART_PREFIX):
+                return base64.b64encode(self.parts[value[len(PART_PREFIX):]][1]).decode()
+            return value
+        return replace(self, payload={k: b64(v) if k in FRAME_FIELDS else v for k, v in self.payload.items()},
+                       parts={})
 
     def to_bytes(self) -> bytes:
         frames = self.payload.get("frames_npy")
@@ -78,33 +101,51 @@ class ScoreRequestBody:
             self.temp_video = None
 
 
-def npy_form(request: dict[str, Any], npys: dict[str, bytes]) -> tuple[str, bytes]:
-    """(Content-Type, body) of a binary body: the JSON request and its raw .npy parts by name."""
-    return encode_form(json.dumps(request, separators=(",", ":")).encode(),
-                       {name: ("application/x-npy", npy) for name, npy in npys.items()})
+def parts_form(request: dict[str, Any], parts: dict[str, Part]) -> tuple[str, bytes]:
+    """(Content-Type, body) of a binary body: the JSON request and its raw parts by name."""
+    return encode_form(json.dumps(request, separators=(",", ":")).encode(), parts)
 
 
-def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequestBody:
+def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRules | None = None) -> ScoreRequestBody:
     """Pick and encode the frames (blocking CPU work: run it in a thread).
 
-    Whatever the transport, the proxy gets the same two rates: `video_fps` (the seed's rate, what
-    the proxy presents by default) and the real rate of the frames sent, `episode_fps` x frames
-    sent / episode steps — as `fps` with inline frames, and as the temp MP4's own rate.
+    With the proxy's frame `rules` for the backend (GET /frame-rules; None: send raw frames), the
+    picked frames go as JPEGs already at the sizes the proxy sends (and PRIMO-R1's two stills), which
+    it forwards untouched. Whatever the transport, the proxy gets the same two rates: `video_fps` (the
+    seed's rate, what the proxy presents by default) and the real rate of the frames sent,
+    `episode_fps` x frames sent / episode steps — as `fps` with inline frames, and as the temp MP4's own rate.
     """
     # A curve's prefixes each sample nframes of their own: send every held frame, the proxy picks.
     client_sampling = cfg.client_sampling and not cfg.dense_points
-    prepared = prepare_frames(episode.frames, cfg.nframes, client_sampling)
+    ready = rules is not None and client_sampling and cfg.transport != "path"
+    nframes = rules.nframes_for(cfg.nframes) if ready else cfg.nframes  # type: ignore[union-attr]
+    prepared = prepare_frames(episode.frames, nframes, client_sampling)
     sent = prepared.count
     used = sent if client_sampling else min(cfg.nframes, sent)
     real_fps = cfg.episode_fps * sent / max(prepared.source_count, 1)
     payload: dict[str, Any] = {"task_text": episode.task_text, "nframes": used,
                                "max_pixels": cfg.max_pixels, "video_fps": cfg.video_fps}
-    temp_video = npy = None
-    if cfg.transport == "path":
+    temp_video, parts = None, {}
+    encoded = encode_ready(prepared.frames, rules, cfg.max_pixels) if ready else None  # type: ignore[arg-type]
+    if encoded is not None:
+        jpegs, stills = encoded
+        named = {"frames": [(f"f{i}", j) for i, j in enumerate(jpegs)],
+                 "stills": [(f"s{i}", j) for i, j in enumerate(stills)]}
+        for key, items in named.items():
+            if not items:
+                continue
+            if cfg.transport == "binary":
+                payload[key] = [PART_PREFIX + name for name, _ in items]
+                parts.update({name: ("image/jpeg", jpeg) for name, jpeg in items})
+            else:
+                payload[key] = [base64.b64encode(jpeg).decode() for _, jpeg in items]
+        payload["frame_rules"] = rules.rules_id  # type: ignore[union-attr]
+        payload["fps"] = round(real_fps, 6)
+    elif cfg.transport == "path":
         temp_video = write_temp_mp4(prepared.frames, real_fps, cfg.temp_video_dir)
         payload["video_path"] = os.path.abspath(temp_video)
     elif cfg.transport == "binary":
-        npy = encode_npy(prepared.frames)
+        parts[BINARY_PART] = ("application/x-npy", encode_npy(prepared.frames))
         payload["frames_npy"] = PART_PREFIX + BINARY_PART
         payload["fps"] = round(real_fps, 6)
     else:
@@ -116,16 +157,18 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig) -> ScoreRequest
         payload["backend_kwargs"] = dict(cfg.backend_kwargs)
     if episode.metadata:
         payload["metadata"] = dict(episode.metadata)
+    frame_rules = rules.rules_id if encoded is not None else None  # type: ignore[union-attr]
     if cfg.dense_points:
         payload["points"] = max(2, min(cfg.dense_points, sent - 1))  # a short episode: fewer, or a clear 422
-        return ScoreRequestBody(payload, temp_video, npy, steps=list(prepared.source_indices))
-    return ScoreRequestBody(payload, temp_video, npy)
+        return ScoreRequestBody(payload, temp_video, parts, steps=list(prepared.source_indices))
+    return ScoreRequestBody(payload, temp_video, parts, frame_rules=frame_rules)
 
 
-async def build_request_body_async(episode: Episode, cfg: RewardModelConfig) -> ScoreRequestBody:
+async def build_request_body_async(episode: Episode, cfg: RewardModelConfig,
+                                   rules: FrameRules | None = None) -> ScoreRequestBody:
     """`build_request_body` in a worker thread. The thread cannot be stopped, so a cancel while
     it runs lets it finish and then deletes the temp MP4 it wrote (unless `keep_temp_video`)."""
-    future = asyncio.ensure_future(asyncio.to_thread(build_request_body, episode, cfg))
+    future = asyncio.ensure_future(asyncio.to_thread(build_request_body, episode, cfg, rules))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -20,8 +20,7 @@ from typing import Any
 
 import httpx
 
-from rlinf_client._base_client import ScoreRequestBody, TransportCore, npy_form, response_json
-from vlm_protocol.multipart import PART_PREFIX
+from rlinf_client._base_client import ScoreRequestBody, TransportCore, parts_form, response_json
 
 log = logging.getLogger("rlinf_client")
 
@@ -66,18 +65,16 @@ async def _probe(core: TransportCore) -> bool | None:
 
 def batch_body(bodies: list[ScoreRequestBody], fields: dict[str, Any] | None = None) -> tuple[str, bytes]:
     """(Content-Type, body) of POST /score/batch (or /progress/batch, whose request-wide `fields` go
-    beside the items): JSON, or one binary body whose item i names part i."""
-    if all(body.npy is None for body in bodies):
+    beside the items): JSON, or one binary body whose item i names its parts "i.<name>"."""
+    if all(not body.parts for body in bodies):
         return "application/json", json.dumps({**(fields or {}), "items": [b.payload for b in bodies]},
                                               separators=(",", ":")).encode()
-    items, parts = [], {}  # one part per episode, named by its index
+    items, parts = [], {}
     for index, body in enumerate(bodies):
-        if body.npy is None:
-            items.append(body.payload)
-        else:
-            items.append({**body.payload, "frames_npy": f"{PART_PREFIX}{index}"})
-            parts[str(index)] = body.npy
-    return npy_form({**(fields or {}), "items": items}, parts)
+        payload, named = body.named(f"{index}.")
+        items.append(payload)
+        parts.update(named)
+    return parts_form({**(fields or {}), "items": items}, parts)
 
 
 def batch_items(answer: Any, count: int) -> list[dict[str, Any]] | None:

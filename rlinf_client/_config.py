@@ -21,6 +21,7 @@ from vlm_protocol import strict_yaml
 __all__ = ["RewardModelConfig"]
 
 Transport = Literal["inline", "path", "binary"]
+FrameEncoding = Literal["auto", "raw"]
 BatchMode = Literal["auto", "never"]
 Fallback = Literal["raise", "zero", "env_success"]
 FALLBACKS = ("raise", "zero", "env_success")
@@ -69,6 +70,12 @@ class RewardModelConfig:
     # body (no base64; bench/bench_real_burst.py); path: a temp MP4 + video_path (shared disk)
     transport: Transport = "binary"
     client_sampling: bool = True  # send only the nframes frames picked here (the seed's way)
+    # auto: with client_sampling (and no dense_points, no transport: path), the frames go as JPEGs
+    # already at the size the backend sends them, made here with the proxy's own rules (GET
+    # /frame-rules, fetched once), which the proxy forwards untouched: its per-frame decode, resize
+    # and encode move to the env workers. Raw frames when OpenCV is missing here, the proxy is older
+    # or its rules changed. raw: always raw frames (the proxy does that work).
+    frame_encoding: FrameEncoding = "auto"
     buffer_frames: int = C.DEFAULT_BUFFER_FRAMES  # per env per episode; 0 = keep all (exact)
     frame_stride: int = 1  # keep every k-th step from the start (the buffer may widen it)
     max_concurrency: int = C.DEFAULT_MAX_CONCURRENCY
@@ -122,6 +129,8 @@ class RewardModelConfig:
             problems.append(f"success_threshold must be within [0, 1], got {self.success_threshold!r}")
         if self.transport not in ("inline", "path", "binary"):
             problems.append(f"transport must be 'inline', 'path' or 'binary', got {self.transport!r}")
+        if self.frame_encoding not in ("auto", "raw"):
+            problems.append(f"frame_encoding must be 'auto' or 'raw', got {self.frame_encoding!r}")
         if self.batch not in ("auto", "never"):
             problems.append(f"batch must be 'auto' or 'never', got {self.batch!r}")
         if self.fallback is not None and self.fallback not in FALLBACKS:
@@ -219,6 +228,10 @@ class RewardModelConfig:
     @property
     def health_url(self) -> str:
         return self.base_url + C.HEALTH_PATH
+
+    @property
+    def frame_rules_url(self) -> str:
+        return self.base_url + C.FRAME_RULES_PATH
 
     @property
     def failure_policy(self) -> Fallback:

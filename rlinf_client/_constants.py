@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from vlm_protocol.progress import PROGRESS_PATH
-from vlm_protocol.wire import BATCH_PATH, DENSE_PATH, HEALTH_PATH, SCORE_PATH
+from vlm_protocol.wire import BATCH_PATH, DENSE_PATH, FRAME_RULES_PATH, HEALTH_PATH, SCORE_PATH
 
-__all__ = ["BATCH_PATH", "DENSE_PATH", "HEALTH_PATH", "PROGRESS_BATCH_PATH", "SCORE_PATH"]
+__all__ = ["BATCH_PATH", "DENSE_PATH", "FRAME_RULES_PATH", "HEALTH_PATH", "PROGRESS_BATCH_PATH", "SCORE_PATH"]
 
 PROGRESS_BATCH_PATH = PROGRESS_PATH  # reward_source: progress (docs/progress.md)
 
@@ -49,3 +49,7 @@ DEFAULT_BUFFER_FRAMES = 64
 OBS_IMAGE_KEYS = ("main_images", "full_images", "images")
 
 USER_AGENT = "vlm-reward-proxy-rlinf-client"
+
+# After a failed GET /frame-rules (not a 404: the proxy has the route), raw frames are sent for
+# this long before it is asked again.
+FRAME_RULES_RETRY_S = 30.0

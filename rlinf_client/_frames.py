@@ -20,6 +20,8 @@ import numpy as np
 
 from rlinf_client._constants import OBS_IMAGE_KEYS
 from rlinf_client._exceptions import FramesError, MissingDependencyError
+from vlm_protocol import frame_codec
+from vlm_protocol.frame_rules import FrameRules
 from vlm_protocol.frames import sample_indices as _proxy_sample_indices
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "PreparedFrames",
     "encode_npy",
     "encode_npy_b64",
+    "encode_ready",
     "env_frames_from_obs",
     "prepare_frames",
     "sample_indices",
@@ -208,6 +211,24 @@ def encode_npy(frames: np.ndarray) -> bytes:
 def encode_npy_b64(frames: np.ndarray) -> str:
     """base64 of a .npy file: the proxy's `frames_npy`."""
     return base64.b64encode(encode_npy(frames)).decode("ascii")
+
+
+def encode_ready(frames: np.ndarray, rules: FrameRules,
+                 max_pixels: int | None) -> tuple[list[bytes], list[bytes]] | None:
+    """The picked frames as JPEGs at the size the proxy sends them, and the two stills (first and
+    last frame at the image rule's size) when the backend's layout has them: what the proxy forwards
+    untouched. Same rule as the proxy's (vlm_protocol: frame sizes, frame_codec: resize and JPEG).
+    None when this cannot be done here (no OpenCV; a frame size no budget takes): send raw frames."""
+    try:
+        (height, width), still = rules.sizes(frames.shape[1], frames.shape[2], frames.shape[0], max_pixels)
+        jpegs = [frame_codec.encode_jpeg(np.ascontiguousarray(frame_codec.resize_frame(f, height, width)),
+                                         rules.jpeg_quality) for f in frames]
+        stills = [] if still is None else [
+            frame_codec.encode_jpeg(np.ascontiguousarray(frame_codec.resize_frame(f, *still)), rules.jpeg_quality)
+            for f in (frames[0], frames[-1])]
+    except (ImportError, ValueError):
+        return None
+    return jpegs, stills
 
 
 def write_temp_mp4(frames: np.ndarray, fps: float, directory: str | None) -> str:

@@ -41,6 +41,7 @@ from rlinf_client._exceptions import (
     RewardClientError,
     make_status_error,
 )
+from rlinf_client._frame_rules import FrameRulesCache
 from rlinf_client._ready import PendingEpisode, ReadyBodies
 from rlinf_client._types import ClientStats, Episode, EpisodeScore
 
@@ -67,6 +68,7 @@ class Scheduler:
         self.stats = stats
         self.batch = BatchSupport(self.cfg.batch)
         self.binary = True  # transport: binary, until a proxy refuses the body (then inline, said once)
+        self.frame_rules = FrameRulesCache(core)  # frame_encoding: auto
         self._slots = asyncio.Semaphore(self.cfg.max_concurrency)
         self._bodies = asyncio.Semaphore(C.MAX_BODIES_IN_MEMORY)
 
@@ -126,7 +128,7 @@ class Scheduler:
                 await ready.set_starved(False)
                 started = time.perf_counter()
                 try:
-                    body = await build_request_body_async(episode, self.cfg)
+                    body = await build_request_body_async(episode, self.cfg, await self.frame_rules.get())
                 except BaseException as err:
                     self._bodies.release()
                     if not isinstance(err, FramesError):
@@ -147,6 +149,7 @@ class Scheduler:
         while group:
             tries += 1
             outcomes = await self._send(group, deadline)
+            outcomes = await self._raw_again_if_rules_changed(episodes, group, outcomes, deadline)
             retry = [(p, o) for p, o in zip(group, outcomes, strict=True) if _retry_item(o)]
             for pending, outcome in zip(group, outcomes, strict=True):
                 if not _retry_item(outcome):
@@ -162,6 +165,31 @@ class Scheduler:
             self.stats.retries += 1
             await asyncio.sleep(delay)
             group = [pending for pending, _ in retry]
+
+    async def _raw_again_if_rules_changed(self, episodes: list[Episode], group: list[PendingEpisode],
+                                          outcomes: list, deadline: float) -> list:
+        """Episodes refused for frames encoded under frame rules the proxy no longer has (409
+        frame_rules_changed) are built again as raw frames and sent once more, at once: the proxy
+        answered without scoring them, and raw frames cannot be refused so."""
+        again = [i for i, o in enumerate(outcomes) if _rules_changed(o) and group[i].body.frame_rules is not None]
+        if not again:
+            return outcomes
+        outcomes, resend = list(outcomes), []
+        for i in again:
+            pending = group[i]
+            self.frame_rules.changed(pending.body.frame_rules)
+            try:
+                body = await build_request_body_async(episodes[pending.index], self.cfg, None)
+            except FramesError as err:
+                outcomes[i] = err
+                continue
+            pending.body.discard(self.cfg.keep_temp_video)
+            pending.body = body
+            resend.append(i)
+        if resend:
+            for i, outcome in zip(resend, await self._send([group[i] for i in resend], deadline), strict=True):
+                outcomes[i] = outcome
+        return outcomes
 
     async def _send(self, group: list[PendingEpisode], deadline: float) -> list[Outcome]:
         """One request for the group (each request holds a slot only while in flight). Per item:
@@ -269,6 +297,11 @@ class _ItemError(Exception):
 
     def __init__(self, error: APIStatusError) -> None:
         self.error = error
+
+
+def _rules_changed(outcome: object) -> bool:
+    error = outcome.error if isinstance(outcome, _ItemError) else outcome
+    return isinstance(error, APIStatusError) and error.code == "frame_rules_changed"
 
 
 def _retry_item(outcome: object) -> bool:

@@ -39,6 +39,9 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
               "the admin routes (what the proxy trusts or pays) need proxy.admin_api_key_env (an admin key)"),
     ErrorCode("admin_key_required", 403, False, "the scoring key sent to an admin route (it takes only the admin key)"),
     ErrorCode("endpoint_host_forbidden", 403, False, "an endpoint whose host is not in proxy.admin_endpoint_hosts"),
+    ErrorCode("frame_rules_changed", 409, False,
+              "the frames were encoded for frame rules the backend no longer has (`current` names its rules "
+              "id): send the episode's raw frames, and fetch GET /frame-rules again"),
     ErrorCode("unknown_backend", 404, False, "no backend of that name; the message lists them"),
     ErrorCode("not_found", 404, False, "no such route"),
     ErrorCode("method_not_allowed", 405, False, "the route exists, the method does not"),

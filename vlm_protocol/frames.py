@@ -18,7 +18,7 @@ import math
 
 __all__ = ["FRAME_FACTOR", "IMAGE_MIN_PIXELS", "MAX_ASPECT_RATIO", "PATCH_FACTOR", "VIDEO_MAX_PIXELS",
            "VIDEO_MIN_PIXELS", "VIDEO_TOTAL_PIXELS", "image_size", "sample_indices", "smart_resize",
-           "video_frame_size", "vision_tokens"]
+           "episode_sizes", "video_frame_size", "vision_tokens"]
 
 # Qwen2.5-VL: 14-pixel patches merged 2×2, so sides are multiples of 28.
 PATCH_FACTOR = 28
@@ -104,6 +104,17 @@ def video_frame_size(height: int, width: int, nframes: int, *, max_pixels: int |
     if max_pixels is not None:
         cap = min(max_pixels, cap)
     return smart_resize(height, width, min_pixels=min_pixels, max_pixels=cap)  # a float, as there
+
+
+def episode_sizes(height: int, width: int, count: int, *, max_pixels: int, min_pixels: int,
+                  video_max_pixels: int, total_pixels: int, image_min_pixels: int,
+                  stills: bool) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """(video frame size, still size or None) of a `count`-frame episode of height x width frames:
+    what the proxy sends them at, and what a client that encodes them itself must match."""
+    video = video_frame_size(height, width, count, max_pixels=max_pixels, min_pixels=min_pixels,
+                             video_max_pixels=video_max_pixels, total_pixels=total_pixels)
+    still = image_size(height, width, max_pixels=max_pixels, min_pixels=image_min_pixels) if stills else None
+    return video, still
 
 
 def vision_tokens(height: int, width: int, frames: int = 1, *, video: bool) -> int:

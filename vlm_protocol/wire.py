@@ -6,13 +6,14 @@ import email.utils
 import math
 import time
 
-__all__ = ["BATCH_PATH", "BUDGET_HEADER", "DENSE_PATH", "HEALTH_PATH", "MAX_RETRY_AFTER_S", "REQUEST_ID_HEADER",
-           "SCORE_PATH", "parse_retry_after"]
+__all__ = ["BATCH_PATH", "BUDGET_HEADER", "DENSE_PATH", "FRAME_RULES_PATH", "HEALTH_PATH", "MAX_RETRY_AFTER_S",
+           "REQUEST_ID_HEADER", "SCORE_PATH", "parse_retry_after"]
 
 SCORE_PATH = "/score"
 BATCH_PATH = "/score/batch"
 DENSE_PATH = "/score/dense"
 HEALTH_PATH = "/health"
+FRAME_RULES_PATH = "/frame-rules"  # each backend's frame rules (vlm_protocol/frame_rules.py)
 
 # The caller's remaining time budget for this request, in milliseconds. The proxy ends its own
 # retries before it runs out, so it never works for a client that has already given up.

@@ -154,6 +154,9 @@ class BackendConfig(_Strict):
     # is for servers started without it: vLLM then keeps at most its --media-io-kwargs
     # num_frames (32 by default) and assumes fps 1.
     request_mm_kwargs: bool = True
+    # Each image and video part carries vLLM's `uuid` (>= 0.10.2), its content hash, beside its data
+    # (proxy/prompting/layouts.py). Off: parts as before, vLLM hashes the bytes itself.
+    media_uuids: bool = True
     # When set, requests whose estimated prompt + max_tokens exceed it fail before sending.
     max_model_len: PositiveInt | None = None
     launch: LaunchConfig | None = None

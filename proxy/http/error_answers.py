@@ -29,6 +29,7 @@ __all__ = ["error_answers", "error_response", "install_handlers"]
 ERROR_MEANINGS = {
     401: "missing or wrong bearer token (proxy.api_key_env)", 403: "video_path outside the allowed roots",
     404: "unknown backend",
+    409: "frame_rules_changed: the frames were encoded for frame rules the backend no longer has (GET /frame-rules)",
     413: "body over proxy.max_body_mb, or media over a budget (max_decoded_mb, max_video_frames, max_video_seconds)",
     422: "a bad field; `field` names it",
     429: "the backend's admission queue is full (Retry-After)", 500: "a bug (logged with its traceback)",

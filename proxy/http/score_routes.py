@@ -1,5 +1,6 @@
 """The scoring routes: POST /score, /score/batch, /score/dense, /compare and /compare/batch — thin
-handlers over the Scorer and the Comparer (proxy/pipelines/)."""
+handlers over the Scorer and the Comparer (proxy/pipelines/) — and GET /frame-rules, what a client
+needs to send frames the proxy forwards as they are."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from proxy.http.json_body import JSONBodyRoute
 from proxy.pipelines.batch import check_batch_size
 from proxy.pipelines.compare import Comparer
 from proxy.pipelines.dense import DenseRequest, DenseResponse, score_dense
+from proxy.prompting.request import frame_rules_of
 from proxy.schemas import (
     BatchCompareRequest,
     BatchCompareResponse,
@@ -24,14 +26,25 @@ from proxy.schemas import (
     ScoreRequest,
     ScoreResponse,
 )
+from vlm_protocol.wire import FRAME_RULES_PATH
 
 __all__ = ["router"]
 
 router = APIRouter(route_class=JSONBodyRoute)
 
 
+@router.get(FRAME_RULES_PATH, responses=error_answers(*ALWAYS))
+async def frame_rules(scorer: ScorerDep) -> JSONResponse:
+    """Each chat backend's frame rules (vlm_protocol/frame_rules.py) under its name, with the labels
+    a request's `backend` may use for it; `default` is the backend a request without one gets."""
+    chat = scorer.registry.of_kind("chat")
+    return JSONResponse({"default": chat[0].name if chat else None,
+                         "backends": {b.name: {**frame_rules_of(b.name, b.config).to_dict(), "labels": b.labels}
+                                      for b in chat}})
+
+
 @router.post("/score", response_model=ScoreResponse,
-             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+             responses=error_answers(*ALWAYS, 403, 404, 409, 413, 422, 429, 502, 504))
 async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> ScoreResponse:
     result = await scorer.score(body, budget_s=budget_of(request))
     request.state.backend = result.backend
@@ -45,7 +58,7 @@ async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerD
 
 
 @router.post("/score/dense", response_model=DenseResponse,
-             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429, 502, 504))
+             responses=error_answers(*ALWAYS, 403, 404, 409, 413, 422, 429, 502, 504))
 async def score_dense_route(body: DenseRequest, request: Request, scorer: ScorerDep) -> DenseResponse:
     """One episode's progress curve: `points` prefixes (or `prefix_ends`) scored concurrently, one call each."""
     result = await score_dense(scorer, body, budget_s=budget_of(request))

@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
+import math
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import cv2
 
 from proxy.errors import MediaBudgetExceeded
 
-__all__ = ["DecodeBudget", "DecodeCancelled", "MediaCaps", "MediaExecutor", "default_media_workers"]
+__all__ = ["DecodeBudget", "DecodeCancelled", "MediaCaps", "MediaExecutor", "cgroup_cpu_quota",
+           "default_media_workers", "usable_cores"]
 
 T = TypeVar("T")
 MIB = 2**20
@@ -109,7 +113,59 @@ class DecodeBudget:
 
 
 def default_media_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """`proxy.media_workers` when unset: the cores this process may use, at most 8."""
+    return min(8, usable_cores())
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cpuset), within its cgroup's
+    CPU quota (a container's --cpus), rounded up. os.cpu_count() counts the machine's, which
+    oversubscribes a pinned or throttled proxy."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API (not Linux)
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
+    return max(1, cores)
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The tightest CPU quota, in CPUs, on this process's cgroup and its parents: cgroup v2's
+    `cpu.max` ("<quota> <period>", or "max" for none) or v1's `cpu.cfs_quota_us` (-1 for none) over
+    `cpu.cfs_period_us`; None where there is none, or no cgroup to read."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "" and path:  # v2: one hierarchy, the controllers' files in every cgroup
+            mount, read = root, _v2_quota
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount
+            mount, read = root / controllers, _v1_quota
+        else:
+            continue
+        folder = mount / path.strip().lstrip("/")
+        for parent in (folder, *folder.parents):
+            if parent != mount and not parent.is_relative_to(mount):
+                break
+            with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
+                if (quota := read(parent)) is not None:
+                    quotas.append(quota)
+    return min(quotas, default=None)
+
+
+def _v2_quota(folder: Path) -> float | None:
+    quota, period = folder.joinpath("cpu.max").read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_quota(folder: Path) -> float | None:
+    quota = int(folder.joinpath("cpu.cfs_quota_us").read_text())
+    return None if quota < 0 else quota / int(folder.joinpath("cpu.cfs_period_us").read_text())
 
 
 def _one_opencv_thread() -> None:

@@ -13,7 +13,7 @@ import binascii
 import io
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +23,13 @@ from proxy.errors import InvalidRequest, MediaDecodeError, MediaFormatRefused
 from proxy.media.budget import DecodeBudget
 from proxy.media.decoded import DecodedSource, decode_rgb
 from proxy.media.file import describe_bytes, open_video, sniff_image
-from proxy.media.frame_plan import Episodes, Size, target_sizes
+from proxy.media.frame_plan import Episodes, Size, resize_frame, target_sizes
+from proxy.media.jpeg_header import plain_jpeg_size
 from proxy.media.npy import NpyError, read_uint8
 from proxy.media.request_parts import part_bytes
 from proxy.media.video import read_video
+from vlm_protocol import frame_codec
+from vlm_protocol.frames import image_size
 from vlm_protocol.multipart import PART_PREFIX
 
 __all__ = ["DecodedSource", "FrameLimits", "decode_source", "prefix_count"]
@@ -63,11 +66,14 @@ def prefix_count(count: int, prefix_end: int | None) -> int:
 def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], budget: DecodeBudget, *,
                   video_path: str | Path | None = None, media_roots: Sequence[Path] = (),
                   frames: list[str] | None = None, frames_npy: str | None = None,
-                  fps: float | None = None) -> DecodedSource:
+                  fps: float | None = None, stills: list[str] | None = None) -> DecodedSource:
     """Decode the frames `episodes_for(count)` names, from the one source given (a video_path is
-    opened and checked here: proxy/media/file.py)."""
+    opened and checked here: proxy/media/file.py). `stills`: the caller's own first and last still
+    images (with `frames`), instead of stills made from the first and last frame."""
     started = time.perf_counter()
     source_fps = fps or limits.default_source_fps
+    if stills is not None:
+        limits = replace(limits, stills=False)  # the frames are planned at the video size only
     if video_path is not None:
         with open_video(str(video_path), list(media_roots)) as video:
             source = read_video(video, limits, episodes_for, budget)
@@ -87,6 +93,10 @@ def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], 
             source.source_frames[i], source.sizes[i] = array[i], array.shape[1:3]
     else:
         raise InvalidRequest("no frame source given", field="video_path")
+    if stills is not None:
+        source.stills = [_read_still(data, k, limits, budget) for k, data in enumerate(stills)]
+        if len({size for _, size, _ in source.stills}) != 1:
+            raise MediaDecodeError("the two stills must have the same size", field="stills")
     source.load_ms = (time.perf_counter() - started) * 1e3
     return source
 
@@ -115,39 +125,77 @@ def _b64decode(data: str, field: str) -> bytes:
         raise MediaDecodeError(f"{field} is not valid base64", field=field) from err
 
 
-def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSource,
-                sizes_of: _sizes_by_shape, budget: DecodeBudget) -> None:
-    """One inline image into `into` at the sizes it is sent: an RGB JPEG already at a sent size is
-    kept as its bytes (forwarded as it came); other sizes are made from one decode, now. Only JPEG
-    and PNG are read, and the header first, so a decompression bomb is refused before decoding."""
-    field = f"frames[{position}]"
-    raw = _b64decode(data, field)
+def _probe_image(raw: bytes, field: str, limits: FrameLimits) -> tuple[int, int, bool]:
+    """(height, width, forwardable) of an inline image, from its header: only JPEG and PNG are read,
+    and the header first, so a decompression bomb is refused before decoding. Forwardable: an RGB,
+    upright, complete JPEG, which vLLM decodes to the pixels the proxy would (sent as it came)."""
     if sniff_image(raw[:16]) is None:
         detected = describe_bytes(raw[:64])
         raise MediaFormatRefused(f"{field} is not a PNG/JPEG image: its content is {detected}", field=field,
                                  detected=detected)
-    try:
-        from PIL import Image
+    plain = plain_jpeg_size(raw)  # RGB, upright by construction: PIL's answer, from the markers alone
+    if plain is not None:
+        (height, width), forwardable = plain, True
+    else:
+        try:
+            from PIL import Image
 
-        with Image.open(io.BytesIO(raw), formats=["JPEG", "PNG"]) as probe:
-            (width, height) = probe.size
-            forwardable = probe.format == "JPEG" and probe.mode == "RGB" and _upright(probe)
-    except Exception as err:  # noqa: BLE001 - any PIL failure means "not an image we can read"
-        raise MediaDecodeError(f"{field} is not a PNG/JPEG image", field=field) from err
+            with Image.open(io.BytesIO(raw), formats=["JPEG", "PNG"]) as probe:
+                (width, height) = probe.size
+                forwardable = probe.format == "JPEG" and probe.mode == "RGB" and _upright(probe)
+        except Exception as err:  # noqa: BLE001 - any PIL failure means "not an image we can read"
+            raise MediaDecodeError(f"{field} is not a PNG/JPEG image", field=field) from err
     if width * height > limits.max_source_pixels:
         raise MediaDecodeError(f"{field} is {width}x{height}, over the "
                                f"{limits.max_source_pixels}-pixel cap", field=field)
-    wanted = sizes_of(position, (height, width))
     # A cut JPEG (no end-of-image marker) is decoded here and fails as this request's own error;
     # other damage inside one surfaces as vLLM's 400, a rejected request (tests/real_vllm).
-    if forwardable and raw.rstrip(b"\x00").endswith(b"\xff\xd9"):
+    return height, width, forwardable and raw.rstrip(b"\x00").endswith(b"\xff\xd9")
+
+
+def _read_image(data: str, position: int, limits: FrameLimits, into: DecodedSource,
+                sizes_of: _sizes_by_shape, budget: DecodeBudget) -> None:
+    """One inline image into `into` at the sizes it is sent: an RGB JPEG already at a sent size is
+    kept as its bytes (forwarded as it came); other sizes are made from one decode, now."""
+    field = f"frames[{position}]"
+    raw = _b64decode(data, field)
+    height, width, forwardable = _probe_image(raw, field, limits)
+    wanted = sizes_of(position, (height, width))
+    if forwardable:
         into.sizes[position] = (height, width)  # forwardable: vLLM decodes these bytes to these pixels
         into.jpegs[(position, height, width)] = raw
+        into.forwarded.add((position, height, width))
         if wanted <= {(height, width)}:
             return
     budget.hold_source(2 * 3 * width * height)  # the BGR decode and its RGB copy
     frame = decode_rgb(raw, position)  # OpenCV applies an EXIF rotation: its shape is the truth
     into.keep(position, frame, sizes_of(position, frame.shape[:2]), budget)
+
+
+def _read_still(data: str, position: int, limits: FrameLimits, budget: DecodeBudget) -> tuple[bytes, Size, bool]:
+    """One of the caller's stills as (JPEG, size, forwarded): forwarded when it is already at the image
+    rule's size, else decoded and brought to it (the proxy never sends a size the rule would not make)."""
+    field = f"stills[{position}]"
+    raw = _b64decode(data, field)
+    height, width, forwardable = _probe_image(raw, field, limits)
+    try:
+        size = image_size(height, width, max_pixels=limits.max_pixels, min_pixels=limits.image_min_pixels)
+    except ValueError as err:
+        raise MediaDecodeError(str(err), field=field) from err
+    if forwardable and size == (height, width):
+        return raw, size, True
+    budget.hold_source(2 * 3 * width * height)
+    try:
+        frame = decode_rgb(raw, position)
+    except MediaDecodeError as err:
+        raise MediaDecodeError(f"{field} is not a PNG/JPEG image", field=field) from err
+    if frame.shape[:2] != (height, width):  # an EXIF rotation: the rule applies to the upright image
+        size = image_size(*frame.shape[:2], max_pixels=limits.max_pixels, min_pixels=limits.image_min_pixels)
+    try:
+        jpeg = frame_codec.encode_jpeg(np.ascontiguousarray(resize_frame(frame, *size)), limits.jpeg_quality)
+    except ValueError as err:
+        raise MediaDecodeError(str(err), field=field) from err
+    return jpeg, size, False
 
 
 def _upright(jpeg) -> bool:

@@ -38,6 +38,8 @@ class DecodedSource:
     resized: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)  # (index, h, w) → RGB
     jpegs: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
     source_frames: dict[int, np.ndarray] = field(default_factory=dict)  # frames_npy: views of the body, free
+    forwarded: set[tuple[int, int, int]] = field(default_factory=set)  # the `jpegs` that are the caller's bytes
+    stills: list[tuple[bytes, Size, bool]] = field(default_factory=list)  # the caller's own: JPEG, (h, w), forwarded
 
     def __contains__(self, index: int) -> bool:
         return index in self.sizes

@@ -6,11 +6,11 @@ the event loop keeps serving. Frames are RGB uint8 arrays throughout; decoding i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass, field
 
-import cv2
 import numpy as np
 import pybase64  # SIMD base64, the decoder vLLM uses: 3.2 MB in 0.14 ms vs 6.5 ms
 
@@ -19,6 +19,7 @@ from proxy.media.budget import DecodeBudget
 from proxy.media.decode import FrameLimits, decode_source, prefix_count
 from proxy.media.decoded import DecodedSource
 from proxy.media.frame_plan import episode_sizes, resize_frame
+from vlm_protocol import frame_codec
 from vlm_protocol.frames import PATCH_FACTOR, sample_indices, smart_resize
 
 __all__ = ["PATCH_FACTOR", "EncodedFrames", "FrameLimits", "encode_prefix", "prefix_indices", "prepare_frames",
@@ -26,11 +27,10 @@ __all__ = ["PATCH_FACTOR", "EncodedFrames", "FrameLimits", "encode_prefix", "pre
 
 
 def encode_jpeg(frame_rgb: np.ndarray, quality: int) -> bytes:
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR),
-                           [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise MediaDecodeError("JPEG encoding failed")
-    return buf.tobytes()
+    try:
+        return frame_codec.encode_jpeg(frame_rgb, quality)  # the client's rule too (vlm_protocol/frame_codec.py)
+    except ValueError as err:
+        raise MediaDecodeError(str(err)) from err
 
 
 # -- what comes out -------------------------------------------------------------------------------
@@ -46,20 +46,21 @@ class EncodedFrames:
     encode_ms: float
     stills: list[bytes] = field(default_factory=list)  # first and last frame as images, if asked
     still_size: tuple[int, int] | None = None  # (width, height) of the stills
+    forwarded: int = 0  # images (frames and stills) sent as the caller encoded them
 
-    @property
+    @property  # made per body, not kept: a request holds its bytes once
     def base64_frames(self) -> list[str]:
         return [pybase64.b64encode(j).decode("ascii") for j in self.jpegs]
 
-    @property
+    @property  # made per body, not kept: a request holds its bytes once
     def base64_stills(self) -> list[str]:
         return [pybase64.b64encode(j).decode("ascii") for j in self.stills]
 
-    @property
+    @functools.cached_property  # asked by provenance and by the uuids: hashed once
     def sha256(self) -> list[str]:
         return [hashlib.sha256(j).hexdigest() for j in self.jpegs]
 
-    @property
+    @functools.cached_property
     def still_sha256(self) -> list[str]:
         return [hashlib.sha256(j).hexdigest() for j in self.stills]
 
@@ -102,10 +103,15 @@ def encode_prefix(limits: FrameLimits, decoded: DecodedSource, prefix_end: int |
         return decoded.jpegs[key]
 
     jpegs = [jpeg(i, (height, width)) for i in indices]
-    stills = [jpeg(i, still) for i in (indices[0], indices[-1])] if still is not None else []
+    forwarded = sum((i, height, width) in decoded.forwarded for i in indices)
+    if decoded.stills:  # the caller's own (decode_source checked or made their size)
+        stills, still = [jpeg for jpeg, _, _ in decoded.stills], decoded.stills[0][1]
+        forwarded += sum(as_sent for _, _, as_sent in decoded.stills)
+    else:
+        stills = [jpeg(i, still) for i in (indices[0], indices[-1])] if still is not None else []
     return EncodedFrames(
         jpegs=jpegs, indices=indices, source_count=decoded.count, width=width, height=height,
         sampled_fps=decoded.fps * len(indices) / prefix_count(decoded.count, prefix_end), load_ms=decoded.load_ms,
         encode_ms=(time.perf_counter() - started) * 1e3, stills=stills,
-        still_size=(still[1], still[0]) if still is not None else None,
+        still_size=(still[1], still[0]) if still is not None else None, forwarded=forwarded,
     )

@@ -10,11 +10,8 @@ asks the same `episode_sizes`, so what is kept is what is sent.
 
 from __future__ import annotations
 
-import cv2
-import numpy as np
-
 from proxy.errors import MediaDecodeError
-from vlm_protocol.frames import image_size, video_frame_size
+from vlm_protocol import frame_codec, frames
 
 __all__ = ["Episodes", "Size", "episode_sizes", "planned_bytes", "resize_frame", "target_sizes"]
 
@@ -22,25 +19,17 @@ Size = tuple[int, int]  # (height, width)
 Episodes = list[list[int]]  # each: the source indices one episode (or prefix) sends, increasing
 
 
-def resize_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
-    if frame.shape[0] == height and frame.shape[1] == width:
-        return frame
-    shrinking = height * width < frame.shape[0] * frame.shape[1]
-    # INTER_AREA is the alias-free choice for shrinking; cubic for the rare upscale.
-    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC
-    return cv2.resize(frame, (width, height), interpolation=interpolation)
+resize_frame = frame_codec.resize_frame  # the client resizes with the same rule (vlm_protocol/frame_codec.py)
 
 
 def episode_sizes(limits, height: int, width: int, count: int, field: str) -> tuple[Size, Size | None]:
     """(video frame size, still size or None) of an episode of `count` frames of height x width."""
     try:
-        video = video_frame_size(height, width, count, max_pixels=limits.max_pixels, min_pixels=limits.min_pixels,
-                                 video_max_pixels=limits.video_max_pixels, total_pixels=limits.total_pixels)
-        still = (image_size(height, width, max_pixels=limits.max_pixels, min_pixels=limits.image_min_pixels)
-                 if limits.stills else None)
+        return frames.episode_sizes(height, width, count, max_pixels=limits.max_pixels, min_pixels=limits.min_pixels,
+                                    video_max_pixels=limits.video_max_pixels, total_pixels=limits.total_pixels,
+                                    image_min_pixels=limits.image_min_pixels, stills=limits.stills)
     except ValueError as err:
         raise MediaDecodeError(str(err), field=field) from err
-    return video, still
 
 
 def target_sizes(limits, episodes: Episodes, height: int, width: int, field: str) -> dict[int, set[Size]]:

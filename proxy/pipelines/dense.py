@@ -51,6 +51,8 @@ class DenseRequest(ScoreRequest):
             raise ValueError("prefix_end is chosen per point here: give points or prefix_ends")
         if self.points is not None and self.prefix_ends is not None:
             raise ValueError("give points or prefix_ends, not both")
+        if self.stills is not None:
+            raise ValueError("each point's stills are its own prefix's first and last frame: send no stills")
         return self
 
     @field_validator("prefix_ends")

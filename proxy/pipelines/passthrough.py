@@ -1,7 +1,10 @@
 """OpenAI-compatible pass-through: /v1/chat/completions routed by `model` to a backend.
 
-The body goes upstream untouched (the model name is rewritten only when an alias was used);
-vLLM's answer comes back as it was, streaming included. Retries (same policy as /score) happen
+The body goes upstream untouched (the model name is rewritten only when an alias was used), except
+that a media `uuid` is refused: vLLM takes it as the identity of an image's or video's features
+without checking the data (vllm#55547), so a caller could make another's frames — the proxy's own
+scoring requests, whose uuids are the JPEGs' sha256 — mean what it chose. vLLM's answer comes back
+as it was, streaming included. Retries (same policy as /score) happen
 only before the first byte reaches the client: once a stream has started it is relayed as is.
 A stream holds its endpoint slot until its last byte, and whatever ends it — the last byte, an
 error, or the client going away before or after the first byte — releases the slot and closes
@@ -21,6 +24,36 @@ from proxy.upstream.backends import Backend, BackendRegistry
 from proxy.upstream.client import UpstreamAnswer, UpstreamClient, UpstreamStream, translate_status
 from proxy.upstream.pool import Reservation
 from proxy.upstream.retry import Attempt, call_with_retries
+
+
+def refuse_media_uuids(raw_body: bytes) -> None:
+    """A 422 for a body whose messages hold a `uuid` key anywhere (the module docstring says why).
+    Read whole only when its bytes could spell one: "uid", or a \\u escape that could write it."""
+    if b"uid" not in raw_body and b"\\u" not in raw_body:
+        return
+    try:
+        messages = json.loads(raw_body).get("messages")
+    except (ValueError, AttributeError, RecursionError):
+        return  # not a JSON object (or nested past json's depth): vLLM's own 400 says so, as before
+    found = _uuid_path(messages, "messages")
+    if found is not None:
+        raise InvalidRequest(f"{found}: media uuids are not relayed: vLLM takes a uuid as the identity of the "
+                             "media's features without checking the data (vllm#55547), so one caller could change "
+                             "what another's images mean to the model; send the media without a uuid", field=found)
+
+
+def _uuid_path(root: object, path: str) -> str | None:
+    """Where the first `uuid` key is (walked with a stack: a deep body cannot overflow Python's)."""
+    stack = [(root, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, dict):
+            if "uuid" in node:
+                return f"{where}.uuid"
+            stack += [(value, f"{where}.{key}") for key, value in reversed(node.items())]
+        elif isinstance(node, list):
+            stack += [(value, f"{where}.{i}") for i, value in reversed(list(enumerate(node)))]
+    return None
 
 
 @dataclass
@@ -91,6 +124,7 @@ class ChatPassthrough:
         return {"object": "list", "data": data}
 
     async def relay(self, raw_body: bytes, request: RoutingFields, *, budget_s: float | None = None) -> Relayed:
+        refuse_media_uuids(raw_body)
         backend = self.registry.resolve(request.model.value, field="model")
         backend.pool.check_admission()
         if request.model.value != backend.config.model:  # an alias: vLLM knows the served name only

@@ -72,7 +72,8 @@ class _Trace:
             "metadata": self.metadata, "asked": self.asked,
             "prompt": self.prompt.model_dump() if self.prompt else None,
             "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
-                                                       "sampled_fps", "vision_tokens", "sha256", "still_sha256"})
+                                                       "sampled_fps", "vision_tokens", "sha256", "still_sha256",
+                                                       "forwarded"})
                        if self.frames else None),
             "frame_store": self.frame_store,
             "sampling": self.sampling, "asks": self.asks,
@@ -263,7 +264,7 @@ class Scorer:
             source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
             fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
             vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256,
-            still_sha256=frames.still_sha256)
+            still_sha256=frames.still_sha256, forwarded=frames.forwarded)
         stored = None
         if self.frame_store is not None and store:  # a probe's frames are its episode's, kept already
             stored = (await self.frame_store.put([*frames.jpegs, *frames.stills],
@@ -286,7 +287,8 @@ class Scorer:
         """The request's frame source as `decode_source` takes it (a video_path is checked against
         the roots, opened and sniffed there, on the media thread: proxy/media/file.py)."""
         return {"video_path": request.video_path, "media_roots": self.settings.proxy.allowed_media_roots,
-                "frames": request.frames, "frames_npy": request.frames_npy, "fps": request.fps}
+                "frames": request.frames, "frames_npy": request.frames_npy, "fps": request.fps,
+                "stills": request.stills}
 
     @staticmethod
     def _check_token_budget(cfg: BackendConfig, sampling: SamplingConfig, frames: EncodedFrames,

@@ -9,10 +9,19 @@ Its loader keeps only `num_frames` pieces (32 by default) and assumes fps 1, so 
 carries media_io_kwargs.video with num_frames = frames sent AND fps = the presentation rate
 (FramesConfig.presentation_fps): a request that sets only one of them drops the server's value
 of the other. PRIMO-R1's two images are the first and last frame sized by the image rule.
+
+With `media_uuids` (a backend key, on by default) every image and video part also carries vLLM's
+`uuid` (vLLM >= 0.10.2): the identity vLLM's processor cache, encoder cache and prefix-cache block
+hashes use for that item instead of hashing its bytes. An image's is the sha256 of the JPEG sent
+(what provenance and the frame store call it); a video's the sha256 over its frames' sha256s in
+order and the media_io_kwargs.video sent with it (`video_uuid`). The data always goes too:
+vLLM 0.32 still decodes it, and a part without data whose uuid is not cached is refused
+(docs/benchmarks.md §4, "Each picture's uuid").
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from typing import Any
@@ -22,26 +31,53 @@ from proxy.media.encode import EncodedFrames
 from vlm_protocol.frames import vision_tokens
 
 
-def _video_part(b64_frames: list[str]) -> dict:
-    return {"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(b64_frames)}}
+class _Base64URL(str):
+    """A data URL made here from base64 text: JSON writes it as it is, by construction, so
+    `encode_body` splices it without scanning its bytes."""
 
 
-def _image_part(b64_frame: str) -> dict:
-    return {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + b64_frame}}
+def _video_part(b64_frames: list[str], uuid: str | None = None) -> dict:
+    part = {"type": "video_url", "video_url": {"url": _Base64URL("data:video/jpeg;base64," + ",".join(b64_frames))}}
+    return {**part, "uuid": uuid} if uuid else part
+
+
+def _image_part(b64_frame: str, uuid: str | None = None) -> dict:
+    part = {"type": "image_url", "image_url": {"url": _Base64URL("data:image/jpeg;base64," + b64_frame)}}
+    return {**part, "uuid": uuid} if uuid else part
 
 
 def _text_part(text: str) -> dict:
     return {"type": "text", "text": text}
 
 
-def build_messages(layout: str, system: str | None, user_text: str, frames: EncodedFrames) -> list[dict]:
+def video_uuid(frame_sha256: list[str], video_io: dict[str, Any] | None) -> str:
+    """A video part's uuid: the sha256 of its frames' sha256s in order and of the
+    media_io_kwargs.video it is sent with (None: none sent, the server's defaults apply). vLLM
+    decodes a `data:video/jpeg` part into those frames with timing metadata made from exactly these
+    kwargs and the server's own --media-io-kwargs (the same for every request to one server), so
+    equal uuids mean equal inputs to the model. (vLLM also folds the request's media_io_kwargs into
+    a uuid'd item's cache key; this does not rely on it.)"""
+    what = json.dumps({"frames": frame_sha256, "media_io_kwargs.video": video_io}, sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(b"data:video/jpeg;" + what.encode()).hexdigest()
+
+
+def build_messages(layout: str, system: str | None, user_text: str, frames: EncodedFrames, *,
+                   media_uuids: bool = False, video_io: dict[str, Any] | None = None) -> list[dict]:
+    """The conversation for one episode. With `media_uuids`, each media part carries its uuid
+    (module docstring); `video_io` is the media_io_kwargs.video the body carries, if any."""
+    ids = frames.sha256 if media_uuids else None  # of the video's frames (the images layout: of each image)
+    clip = video_uuid(ids, video_io) if ids is not None and layout_has_video(layout) else None
     if layout == "qwen_video":
-        content = [_video_part(frames.base64_frames), _text_part(user_text)]
+        content = [_video_part(frames.base64_frames, clip), _text_part(user_text)]
     elif layout == "primo_interleave":
         first, last = frames.base64_stills
-        content = [_image_part(first), _video_part(frames.base64_frames), _image_part(last), _text_part(user_text)]
+        first_id, last_id = frames.still_sha256 if media_uuids else (None, None)
+        content = [_image_part(first, first_id), _video_part(frames.base64_frames, clip), _image_part(last, last_id),
+                   _text_part(user_text)]
     elif layout == "images":
-        content = [*(_image_part(f) for f in frames.base64_frames), _text_part(user_text)]
+        content = [*(_image_part(f, ids[n] if ids else None) for n, f in enumerate(frames.base64_frames)),
+                   _text_part(user_text)]
     else:  # config validation makes this unreachable
         raise ValueError(f"unknown layout {layout!r}")
     messages = [{"role": "system", "content": system}] if system else []
@@ -69,7 +105,7 @@ def encode_body(body: dict[str, Any], overrides: dict[str, Any] | None = None) -
                 for m in body["messages"]]
     encoded = json.dumps({**body, "messages": messages, **(overrides or {})}, separators=(",", ":"))
     pieces = encoded.split(json.dumps(_MEDIA_TOKEN)[1:-1])  # the token as JSON writes it
-    if len(pieces) != len(urls) + 1 or not all(_plain(url) for url in urls):  # never, for our data: URLs
+    if len(pieces) != len(urls) + 1 or not all(type(url) is _Base64URL or _plain(url) for url in urls):
         return json.dumps({**body, **(overrides or {})}, separators=(",", ":")).encode()
     out = [pieces[0].encode()]
     for piece in pieces[1:]:
@@ -78,9 +114,14 @@ def encode_body(body: dict[str, Any], overrides: dict[str, Any] | None = None) -
     return b"".join(out)
 
 
+# The characters JSON writes as they are (printable ASCII but the quote and the backslash).
+_PLAIN_BYTES = bytes(range(0x20, 0x7F)).replace(b'"', b"").replace(b"\\", b"")
+
+
 def _plain(url: str) -> bool:
-    """Text JSON writes as it is (what a base64 data URL always is)."""
-    return url.isascii() and url.isprintable() and '"' not in url and "\\" not in url
+    """Text JSON writes as it is (what a base64 data URL always is). Checked in C over the bytes:
+    str.isprintable took a fifth of the GIL time of a final-size JPEG episode (bench_capacity)."""
+    return url.isascii() and not url.encode("ascii").translate(None, _PLAIN_BYTES)
 
 
 def layout_has_video(layout: str) -> bool:
@@ -95,6 +136,11 @@ def media_io_kwargs(frames: EncodedFrames, fps: float) -> dict[str, Any]:
     return {"video": {"num_frames": len(frames.jpegs), "fps": round(fps, 6)}}
 
 
+def _body_media_io(backend: BackendConfig, frames: EncodedFrames, fps: float) -> dict[str, Any] | None:
+    """The body's media_io_kwargs, or None when it sends none (no video, or request_mm_kwargs off)."""
+    return media_io_kwargs(frames, fps) if backend.request_mm_kwargs and layout_has_video(backend.layout) else None
+
+
 def build_chat_body(
     backend: BackendConfig,
     sampling: SamplingConfig,
@@ -106,17 +152,19 @@ def build_chat_body(
 ) -> dict[str, Any]:
     """The exact JSON sent upstream. Every sampling field is explicit (see module docstring);
     `estimate_fields` are n, structured_outputs and logprobs (request.py)."""
+    mm_io = _body_media_io(backend, frames, fps)
     body: dict[str, Any] = {
         "model": backend.model,
-        "messages": build_messages(backend.layout, system, user_text, frames),
+        "messages": build_messages(backend.layout, system, user_text, frames, media_uuids=backend.media_uuids,
+                                   video_io=(mm_io or {}).get("video")),
         # every field of SamplingConfig, so a new one can never be forgotten here
         **sampling.model_dump(exclude_none=True),
         "n": 1,
         **(estimate_fields or {}),
         "stream": False,
     }
-    if backend.request_mm_kwargs and layout_has_video(backend.layout):
-        body["media_io_kwargs"] = media_io_kwargs(frames, fps)
+    if mm_io is not None:
+        body["media_io_kwargs"] = mm_io
     return body
 
 
@@ -124,12 +172,14 @@ def build_embedding_body(backend: BackendConfig, system: str | None, user_text: 
                          frames: EncodedFrames, fps: float) -> dict[str, Any]:
     """The /v1/embeddings body: one conversation, the frames laid out as for a score (a text
     part only when the backend has a prompt), with the same media_io_kwargs rule."""
-    messages = build_messages(backend.layout, system, user_text or "", frames)
+    mm_io = _body_media_io(backend, frames, fps)
+    messages = build_messages(backend.layout, system, user_text or "", frames, media_uuids=backend.media_uuids,
+                              video_io=(mm_io or {}).get("video"))
     if user_text is None:
         messages[-1]["content"] = messages[-1]["content"][:-1]  # the media alone
     body: dict[str, Any] = {"model": backend.model, "messages": messages, "encoding_format": "float"}
-    if backend.request_mm_kwargs and layout_has_video(backend.layout):
-        body["media_io_kwargs"] = media_io_kwargs(frames, fps)
+    if mm_io is not None:
+        body["media_io_kwargs"] = mm_io
     return body
 
 
@@ -137,13 +187,15 @@ def build_compare_body(backend: BackendConfig, sampling: SamplingConfig, system:
                        labels: list[str], user_text: str, episodes: list[EncodedFrames], fps: float) -> dict[str, Any]:
     """Several episodes in one user turn (POST /compare): each episode's label text, then its media
     as the layout places one episode, then the question. media_io_kwargs covers the longest video."""
+    mm_io = _body_media_io(backend, max(episodes, key=lambda frames: len(frames.jpegs)), fps)
     content: list[dict] = []
     for label, frames in zip(labels, episodes, strict=True):
-        content += [_text_part(label), *build_messages(backend.layout, None, "", frames)[-1]["content"][:-1]]
+        episode = build_messages(backend.layout, None, "", frames, media_uuids=backend.media_uuids,
+                                 video_io=(mm_io or {}).get("video"))
+        content += [_text_part(label), *episode[-1]["content"][:-1]]
     body = build_text_body(backend, sampling, system, [*content, _text_part(user_text)])
-    if backend.request_mm_kwargs and layout_has_video(backend.layout):
-        longest = max(episodes, key=lambda frames: len(frames.jpegs))
-        body["media_io_kwargs"] = media_io_kwargs(longest, fps)
+    if mm_io is not None:
+        body["media_io_kwargs"] = mm_io
     return body
 
 

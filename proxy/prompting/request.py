@@ -13,13 +13,15 @@ from proxy.answers.estimate import REDUCTIONS, Estimate, single_token_values
 from proxy.answers.parse import AnswerSpec
 from proxy.answers.scales import SCORE_MODES, scale_for_mode
 from proxy.config import BackendConfig, ProxySettings, SamplingConfig
-from proxy.errors import InvalidRequest
+from proxy.errors import FrameRulesChanged, InvalidRequest
 from proxy.media.encode import EncodedFrames, FrameLimits
 from proxy.prompting.layouts import layout_has_stills
 from proxy.prompting.templates import SEED_PROMPT_KWARGS, PromptTemplate
 from proxy.schemas import ScoreRequest
+from vlm_protocol.frame_rules import FrameRules
 
-__all__ = ["ResolvedRequest", "frame_limits", "presentation_fps", "resolve_request", "sampling_for_ask"]
+__all__ = ["ResolvedRequest", "frame_limits", "frame_rules_of", "presentation_fps", "resolve_request",
+           "sampling_for_ask"]
 
 SAMPLING_FIELDS = frozenset(SamplingConfig.model_fields)
 MIN_MAX_PIXELS = 28 * 28  # the smallest per-frame budget a request may ask for (the seed's bound)
@@ -81,9 +83,41 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
                            estimate=estimate, upstream_fields=_upstream_fields(estimate, answer))
 
 
+_RULES_IDS: dict[int, tuple[BackendConfig, str]] = {}  # id(config) → (config, its rules id): per request
+
+
+def _rules_id(cfg: BackendConfig) -> str:
+    held = _RULES_IDS.get(id(cfg))
+    if held is None or held[0] is not cfg:  # the config is held too, so its id is never another's
+        held = _RULES_IDS[id(cfg)] = (cfg, frame_rules_of("", cfg).rules_id)
+    return held[1]
+
+
+def frame_rules_of(name: str, cfg: BackendConfig) -> FrameRules:
+    """The backend's frame rules as GET /frame-rules publishes them (and `frame_limits` applies)."""
+    frames = cfg.frames
+    return FrameRules(backend=name, layout=cfg.layout or "", nframes=frames.nframes, max_nframes=frames.max_nframes,
+                      max_pixels=frames.max_pixels, min_pixels=frames.min_pixels,
+                      video_max_pixels=frames.video_max_pixels, total_pixels=frames.total_pixels,
+                      image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout or ""),
+                      jpeg_quality=frames.jpeg_quality)
+
+
 def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings) -> tuple[FrameLimits, int]:
     """Which frames of the request go upstream, at what size (and the nframes asked for): the
     backend's defaults, the request's own nframes and max_pixels within the caps."""
+    if request.frame_rules is not None:
+        current = _rules_id(cfg)
+        if request.frame_rules != current:
+            raise FrameRulesChanged(f"the frames were encoded for frame rules {request.frame_rules}; the backend's "
+                                    f"are {current} now (GET /frame-rules): send the raw frames",
+                                    field="frame_rules", current=current)
+    if request.stills is not None and not layout_has_stills(cfg.layout or ""):
+        raise InvalidRequest(f"the backend's layout ({cfg.layout}) sends no still images: send no stills",
+                             field="stills")
+    if request.stills is not None and request.prefix_end is not None:
+        raise InvalidRequest("stills are the episode's own first and last frame: they cannot go with prefix_end",
+                             field="stills")
     requested = request.nframes or cfg.frames.nframes
     if requested > proxy.max_nframes:
         raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",

@@ -66,6 +66,10 @@ class FakeProxy:
     score_fn: Callable[[dict, np.ndarray | None], float | httpx.Response] = lambda body, frames: 0.5
     script: list[Any] = field(default_factory=list)
     batch: bool = False  # offer POST /score/batch
+    # GET /frame-rules' answer; None: 404, a proxy older than the route (its scripted answers are
+    # for the scoring calls, never used up by it)
+    frame_rules: dict | None = None
+    frame_rules_asked: int = 0  # GET /frame-rules calls (not in `requests`, which are the scoring calls)
     requests: list[tuple[str, dict]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -73,6 +77,11 @@ class FakeProxy:
         return httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == "/frame-rules":
+            with self.lock:
+                self.frame_rules_asked += 1
+            return httpx.Response(200, json=self.frame_rules) if self.frame_rules is not None else \
+                httpx.Response(404, json={"detail": "Not Found"})
         body = read_body(request)
         with self.lock:
             self.requests.append((request.url.path, body))

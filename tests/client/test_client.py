@@ -192,8 +192,9 @@ async def loopback_proxy(answer: Answer, **overrides) -> AsyncIterator[AsyncRewa
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
+        # These servers speak /score only: raw frames, so no GET /frame-rules reaches them.
         async with AsyncRewardClient(endpoint=f"http://127.0.0.1:{port}/score", batch="never",
-                                     **overrides) as client:
+                                     **{"frame_encoding": "raw", **overrides}) as client:
             yield client
     finally:
         released.set()
@@ -378,6 +379,8 @@ class _BatchThenHang(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
+        if request.method == "GET":  # GET /frame-rules: a proxy older than the route
+            return httpx.Response(404, json={"detail": "Not Found"})
         body = read_body(request)
         if request.url.path == "/score/batch" and not body["items"]:
             return error_response(422, "invalid_request")  # the probe: batching is offered
@@ -470,9 +473,9 @@ async def test_cancel_while_the_body_is_built_still_deletes_the_temp_mp4(tmp_pat
     entered, release, built = threading.Event(), threading.Event(), []
     real = _base_client.build_request_body
 
-    def slow_build(episode, cfg):
+    def slow_build(episode, cfg, rules=None):
         entered.set()
-        body = real(episode, cfg)
+        body = real(episode, cfg, rules)
         built.append(body.temp_video)
         release.wait(10)
         return body
@@ -503,7 +506,7 @@ async def test_a_proxy_without_the_binary_body_gets_the_frames_inline_from_then_
     refused = []
 
     def handle(request: httpx.Request) -> httpx.Response:
-        if request.headers["content-type"].startswith("multipart/"):
+        if request.headers.get("content-type", "").startswith("multipart/"):
             refused.append(request.url.path)
             return error_response(422, "invalid_request", "the request body is not a JSON object", field="body")
         return fake.handle(request)

@@ -50,7 +50,8 @@ class _BudgetLog(httpx.AsyncBaseTransport):
         try:
             return await self.inner.handle_async_request(request)
         finally:
-            self.sent.append((int(request.headers[BUDGET_HEADER]), time.monotonic() - started))
+            if request.method == "POST":  # not GET /frame-rules, which carries no budget
+                self.sent.append((int(request.headers[BUDGET_HEADER]), time.monotonic() - started))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

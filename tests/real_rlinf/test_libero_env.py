@@ -483,7 +483,7 @@ def _sent_frames(tier: Tier, name: str) -> dict[int, tuple[np.ndarray, dict, lis
 
 @pytest.mark.parametrize(("name", "tolerance"), [("binary_rel_inline", 2.5), ("continuous_nonrel_path", 4.5)])
 def test_the_model_gets_the_env_main_images_upright_in_order_at_336(tier, name, tolerance):
-    """Inline (frames_npy) and path (a temp MP4 the proxy reads back): the env's own main_images,
+    """Inline (JPEGs the client made in the env) and path (a temp MP4 the proxy reads back): the env's own main_images,
     uniformly spread (first = the reset frame, last = the end step's), in order, upright (the env
     already turned the agent view 180 degrees; nobody turns it again), resized by qwen-vl-utils'
     video rule (256x256 is below its 128*28*28 floor: 336x336). Compared with the frames the runner
@@ -499,6 +499,10 @@ def test_the_model_gets_the_env_main_images_upright_in_order_at_336(tier, name, 
     for env, (frames, body, sha) in sent.items():
         end = _end_step(ep, env)
         assert audit[env]["frames"]["sha256"] == sha  # the audit line names exactly these JPEGs
+        # Inline: the client in RLinf's env made the 336x336 JPEGs itself (frame_encoding: auto, its
+        # own OpenCV) and the proxy forwarded them; a path is an MP4 the proxy decodes.
+        made_in_env = ep["hook_config"]["transport"] != "path"
+        assert audit[env]["frames"]["forwarded"] == (len(sha) if made_in_env else 0)
         indices = uniform_indices(end + 1, 16)  # the reset frame + one per step, up to the end step
         assert frames.shape == (len(indices), 336, 336, 3), frames.shape
         assert body["media_io_kwargs"]["video"]["num_frames"] == len(indices)

@@ -13,11 +13,21 @@ from proxy.prompting.layouts import encode_body
 
 b64 = st.binary(min_size=0, max_size=64).map(lambda b: base64.b64encode(b).decode())
 text = st.text(max_size=80)  # any unicode: quotes, backslashes, NULs, surrogates' neighbours
+uuid = st.one_of(st.none(), st.text(alphabet="0123456789abcdef", min_size=64, max_size=64), text)
+
+
+def _named(part: dict, name: str | None) -> dict:
+    """A media part with vLLM's `uuid` beside its data (backend key media_uuids), or without."""
+    return part if name is None else {**part, "uuid": name}
+
+
 part = st.one_of(
     st.builds(lambda t: {"type": "text", "text": t}, text),
-    st.builds(lambda d: {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + d}}, b64),
-    st.builds(lambda ds: {"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(ds)}},
-              st.lists(b64, min_size=1, max_size=4)),
+    st.builds(lambda d, u: _named({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + d}}, u),
+              b64, uuid),
+    st.builds(lambda ds, u: _named({"type": "video_url",
+                                    "video_url": {"url": "data:video/jpeg;base64," + ",".join(ds)}}, u),
+              st.lists(b64, min_size=1, max_size=4), uuid),
 )
 
 

@@ -97,7 +97,8 @@ def api_document(running_proxy):
 # The shared proxy has no proxy.admin_api_key_env, so there the admin routes answer 403 whatever is sent
 # (and change nothing); they are fuzzed with the admin key on a proxy of their own below.
 ADMIN_OPERATIONS = ["GET /admin/endpoints", "POST /admin/endpoints", "POST /progress/references"]
-OPERATIONS = ["GET /health", "GET /metrics", "GET /quality", "GET /v1/models", "POST /score", "POST /score/batch",
+OPERATIONS = ["GET /health", "GET /metrics", "GET /quality", "GET /frame-rules", "GET /v1/models", "POST /score",
+              "POST /score/batch",
               "POST /score/dense", "POST /compare", "POST /compare/batch",
               "POST /v1/chat/completions", "POST /progress/batch", "GET /progress/references", *ADMIN_OPERATIONS]
 
@@ -120,8 +121,14 @@ def _frame_count(body: dict) -> int | None:
 def _within_the_episode(case):
     """Where a frame index must exist in the episode (prefix_end, a dense curve's points), a
     content-dependent 422 the document cannot state: bring the index into the episode, or leave the
-    case out when it cannot be (a one-frame episode has no curve)."""
+    case out when it cannot be (a one-frame episode has no curve). Caller-made stills and a frame rules
+    id depend on the backend's layout and the proxy's current rules, which the document cannot state
+    either: left out here (tests/client/test_ready_frames.py proves both)."""
     body, count = case.body, None
+    for episode in [body, *(body.get("items") or [])] if isinstance(body, dict) else []:
+        if isinstance(episode, dict):
+            episode.pop("stills", None)
+            episode.pop("frame_rules", None)
     if case.operation.path.startswith("/progress/") and isinstance(body, dict) and isinstance(body.get("items"), list):
         items = [item for item in body["items"] if isinstance(item, dict)]
         for item in items:  # each item an episode, as a /score body

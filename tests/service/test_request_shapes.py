@@ -1,5 +1,8 @@
 """What the proxy sends to `vllm serve` for each backend: parts, order, frames, kwargs, sampling."""
 
+import base64
+import hashlib
+
 import httpx
 import pytest
 
@@ -118,6 +121,9 @@ def test_images_layout_sends_separate_image_parts(proxy_factory, fake_vllm_facto
     assert result.status_code == 200, result.text
     body = fake.chat_requests[-1]
     assert [p["type"] for p in body["messages"][-1]["content"]] == ["image_url"] * 4 + ["text"]
+    images = body["messages"][-1]["content"][:4]  # each named (media_uuids) by the sha256 of the JPEG it carries
+    assert [p["uuid"] for p in images] == result.json()["frames"]["sha256"] == [
+        hashlib.sha256(base64.b64decode(p["image_url"]["url"].partition(",")[2])).hexdigest() for p in images]
     assert "media_io_kwargs" not in body  # no video part, nothing to tell the video loader
     assert result.json()["score"] == pytest.approx(0.4)
     with httpx.Client(base_url=server.url, timeout=30) as http:  # more images than the server's limit

@@ -1,0 +1,76 @@
+"""A scoring-key holder cannot choose what another request's frames mean to the model (issue 28,
+review of item 4): vLLM takes a media part's `uuid` as the identity of its features without checking
+the data (vllm#55547), and the proxy's own uuids are the JPEGs' sha256 — so the pass-through refuses
+any `uuid` in a relayed chat body, however it is spelled, before any replica sees it. A body that
+only mentions the word is relayed as before. One proxy and its fakes serve the module."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from proxy.config import settings_from_dict
+from tests.conftest import PRIMO_MODEL, QWEN_MODEL, libero_settings_dict
+from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
+from tests.fakes.proxy_server import ProxyServerThread
+from tests.helpers import PRIMO_REPLY, QWEN_REPLY
+
+IMAGE = "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAEBAQ=="
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[tuple[ProxyServerThread, FakeVLLMThread]]:
+    qwen = FakeVLLMThread(FakeConfig(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY)).start()
+    primo = FakeVLLMThread(FakeConfig(served_model_name=PRIMO_MODEL, default_text=PRIMO_REPLY)).start()
+    proxy = ProxyServerThread(settings_from_dict(libero_settings_dict(
+        [qwen.base_url], [primo.base_url], tmp_path_factory.mktemp("media")))).start()
+    try:
+        yield proxy, qwen
+    finally:
+        proxy.stop()
+        qwen.stop()
+        primo.stop()
+
+
+def _chat(part: dict, text: str = "how far along?") -> dict:
+    return {"model": QWEN_MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": [part, {"type": "text", "text": text}]}]}
+
+
+@pytest.mark.parametrize("spelling", ["plain", "escaped", "nested", "null"])
+def test_a_media_uuid_is_refused_before_any_replica_sees_it(stack, spelling):
+    proxy, qwen = stack
+    qwen.fake.reset()
+    part = {"type": "image_url", "image_url": {"url": IMAGE}, "uuid": "0" * 64}
+    if spelling == "nested":
+        part = {"type": "image_url", "image_url": {"url": IMAGE, "uuid": "x"}}
+    if spelling == "null":  # no data at all: the cached features of whatever had that uuid
+        part = {"type": "image_url", "image_url": None, "uuid": "0" * 64}
+    body = json.dumps(_chat(part))
+    if spelling == "escaped":  # JSON lets a key be written with escapes; vLLM reads it as "uuid"
+        body = body.replace('"uuid"', '"\\u0075uid"')
+        assert "uuid" not in body
+    answer = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
+                        headers={"content-type": "application/json"}, timeout=30, trust_env=False)
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["field"].startswith("messages.0.content.0") and error["field"].endswith(".uuid")
+    assert "vllm#55547" in error["message"]
+    assert qwen.chat_requests == []
+
+
+def test_the_official_client_gets_the_refusal_and_the_word_alone_goes_through(stack):
+    proxy, qwen = stack
+    qwen.fake.reset()
+    with openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.UnprocessableEntityError):
+            client.chat.completions.create(**_chat({"type": "image_url", "image_url": {"url": IMAGE},
+                                                    "uuid": "a" * 64}))
+        mentioned = client.chat.completions.create(**_chat({"type": "image_url", "image_url": {"url": IMAGE}},
+                                                           text='what is a "uuid"? \u00e9'))
+    assert mentioned.choices[0].message.content == QWEN_REPLY
+    assert len(qwen.chat_requests) == 1
