@@ -14,7 +14,8 @@ for W = 1, 2 and powers of two up to the cores this process may use (at most 8, 
 os.sched_setaffinity. Configurations run interleaved, `--reps` times, and the table shows medians
 (scaling: the median of each rep's W-over-first-W ratio). `cores` is the CPU time the bench and its
 workers got per second of the window: on a shared machine, read the scaling against it (W=2 can
-only reach 2x when it got 2 cores) and compare the rows of one run with each other.
+only reach 2x when it got 2 cores); `free` is the scaling over only the reps whose two windows got
+at least 90% of their cores. Compare the rows of one run with each other.
 
 The GIL columns: one thread doing episodes back to back in a child process, sampled by py-spy
 twice (`py-spy record`, then `py-spy record --gil`, which keeps only the samples where the thread
@@ -252,7 +253,15 @@ def run(reps: int, seconds: float, workers: list[int], gil_seconds: float) -> di
                 base = rates[(kind, mode, workers[0])]
                 row[f"{mode}_eps"] = statistics.median(samples)
                 row[f"{mode}_eps_all"] = samples
-                row[f"{mode}_cores"] = statistics.median(used[(kind, mode, w)])
+                cores, base_cores = used[(kind, mode, w)], used[(kind, mode, workers[0])]
+                row[f"{mode}_cores"] = statistics.median(cores)
+                row[f"{mode}_cores_all"] = cores
+                # The same over the reps whose windows both got their cores (90%): the machine's
+                # other work left out, what the pool itself does with W cores.
+                free = [s / b for s, b, c, bc in zip(samples, base, cores, base_cores, strict=True)
+                        if c >= 0.9 * w and bc >= 0.9 * workers[0]]
+                row[f"{mode}_scaling_free"] = statistics.median(free) if free else None
+                row[f"{mode}_free_reps"] = len(free)
                 # Scaling per rep (the same rep's W=1 and W), then the median: drift hits both alike.
                 row[f"{mode}_scaling"] = statistics.median(s / b for s, b in zip(samples, base, strict=True))
             rows.append(row)
@@ -274,13 +283,18 @@ def main() -> None:
     workers = worker_counts(args.workers)
     env = env_info()
     result = run(args.reps, args.seconds, workers, args.gil_seconds)
-    print(f"\n{'kind':<5} {'W':>2} {'threads ep/s':>12} {'x W=1':>6} {'cores':>5} {'procs ep/s':>10} {'x W=1':>6} "
-          f"{'cores':>5} {'CPU ms/ep':>9} {'GIL ms/ep':>9} {'GIL share':>9}")
+    def free(r: dict, mode: str) -> str:
+        return f"{r[f'{mode}_scaling_free']:5.2f}/{r[f'{mode}_free_reps']}" if r[f"{mode}_free_reps"] else "    -/0"
+
+    print(f"\n{'kind':<5} {'W':>2} | {'threads ep/s':>12} {'x W=1':>6} {'free':>7} {'cores':>5} | {'procs ep/s':>10} "
+          f"{'x W=1':>6} {'free':>7} {'cores':>5} | {'CPU ms/ep':>9} {'GIL ms/ep':>9} {'GIL share':>9}")
     for r in result["rows"]:
         gil = (f"{r['cpu_ms']:9.2f} {r['gil_ms']:9.2f} {r['gil_share']:9.1%}" if "cpu_ms" in r else "")
-        print(f"{r['kind']:<5} {r['workers']:>2} {r['threads_eps']:12.1f} {r['threads_scaling']:6.2f} "
-              f"{r['threads_cores']:5.2f} {r['processes_eps']:10.1f} {r['processes_scaling']:6.2f} "
-              f"{r['processes_cores']:5.2f} {gil}")
+        print(f"{r['kind']:<5} {r['workers']:>2} | {r['threads_eps']:12.1f} {r['threads_scaling']:6.2f} "
+              f"{free(r, 'threads')} {r['threads_cores']:5.2f} | {r['processes_eps']:10.1f} "
+              f"{r['processes_scaling']:6.2f} {free(r, 'processes')} {r['processes_cores']:5.2f} | {gil}")
+    print("x W=1: median over reps of the rep's ratio; free: the same over the reps (count after /) whose W and "
+          "first-W windows both got >= 90% of their cores; cores: CPU seconds per second the pool got")
     out = write_json(args.out, {"bench": "media_pool", **env, "loadavg_at_end": os.getloadavg(),
                                 "reps": args.reps, "seconds": args.seconds, "workers": workers,
                                 "cv2": cv2.__version__, **result})

@@ -4,8 +4,11 @@
 frame kept at the size it is sent — against `proxy.max_decoded_mb`; the video caps
 (`max_video_frames`, `max_video_seconds`); and the request's cancellation, checked between frames.
 `MediaExecutor`: the app's bounded pool of media threads (`proxy.media_workers`), OpenCV's own
-thread pool off in them. Decoded frames live only inside one of its calls (what leaves is JPEG
-bytes), so the proxy's decoded memory is at most media_workers x max_decoded_mb.
+thread pool off in them. Threads, not processes: OpenCV releases the GIL in its decode, resize and
+encode calls, so an episode holds the GIL for under a sixth of its CPU and W threads scale ~W-fold,
+where a process would first have to copy the request's frames (docs/benchmarks.md §9). Decoded
+frames live only inside one of its calls (what leaves is JPEG bytes), so the proxy's decoded memory
+is at most media_workers x max_decoded_mb.
 """
 
 from __future__ import annotations
