@@ -102,7 +102,7 @@ class ScoreRequest(BaseModel):
         None, min_length=2, max_length=2)
     # The rules id (GET /frame-rules) the caller encoded its frames for: a 409 frame_rules_changed
     # if the backend's rules are not those now, rather than forwarding frames made for other sizes.
-    frame_rules: str | None = Field(None, min_length=1, max_length=64)
+    frame_rules: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
     fps: float | None = Field(None, ge=0.01, le=1000)  # source rate of inline frames
     # The rate the clip is presented at (the seed's reward_model.video_fps); used when the
     # backend's frames.presentation_fps is "seed".

@@ -51,8 +51,9 @@ class ScoreRequestBody:
         """About how many bytes the body takes (the frames dominate)."""
         if self.parts:
             return sum(len(data) for _, data in self.parts.values()) + 1024
-        inline = self.payload.get("frames_npy") or "".join(self.payload.get("frames") or ())
-        return len(inline) + 1024
+        inline = [self.payload.get("frames_npy") or "", *(self.payload.get("frames") or ()),
+                  *(self.payload.get("stills") or ())]
+        return sum(map(len, inline)) + 1024
 
     def encoded(self, binary: bool = True) -> tuple[str, bytes]:
         """(Content-Type, body) for POST /score (or /score/dense); `binary=False` sends a binary
@@ -66,7 +67,9 @@ class ScoreRequestBody:
         def rename(value: Any) -> Any:
             if isinstance(value, list):
                 return [rename(v) for v in value]
-            return PART_PREFIX + prefix + value[len(PART_PREFIX):] if isinstance(value, str) else value
+            if isinstance(value, str) and value.startswith(PART_PREFIX):
+                return PART_PREFIX + prefix + value[len(PART_PREFIX):]
+            return value  # inline base64 stays as it is
         payload = {k: rename(v) if k in FRAME_FIELDS else v for k, v in self.payload.items()}
         return payload, {prefix + name: part for name, part in self.parts.items()}
 
@@ -106,7 +109,8 @@ def parts_form(request: dict[str, Any], parts: dict[str, Part]) -> tuple[str, by
     return encode_form(json.dumps(request, separators=(",", ":")).encode(), parts)
 
 
-def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRules | None = None) -> ScoreRequestBody:
+def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRules | None = None,
+                       nframes: int | None = None) -> ScoreRequestBody:
     """Pick and encode the frames (blocking CPU work: run it in a thread).
 
     With the proxy's frame `rules` for the backend (GET /frame-rules; None: send raw frames), the
@@ -118,7 +122,8 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     # A curve's prefixes each sample nframes of their own: send every held frame, the proxy picks.
     client_sampling = cfg.client_sampling and not cfg.dense_points
     ready = rules is not None and client_sampling and cfg.transport != "path"
-    nframes = rules.nframes_for(cfg.nframes) if ready else cfg.nframes  # type: ignore[union-attr]
+    # `nframes`: a body built again raw after a 409 picks the frames the refused one picked.
+    nframes = nframes or (rules.nframes_for(cfg.nframes) if ready else cfg.nframes)  # type: ignore[union-attr]
     prepared = prepare_frames(episode.frames, nframes, client_sampling)
     sent = prepared.count
     used = sent if client_sampling else min(cfg.nframes, sent)
@@ -164,11 +169,11 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     return ScoreRequestBody(payload, temp_video, parts, frame_rules=frame_rules)
 
 
-async def build_request_body_async(episode: Episode, cfg: RewardModelConfig,
-                                   rules: FrameRules | None = None) -> ScoreRequestBody:
+async def build_request_body_async(episode: Episode, cfg: RewardModelConfig, rules: FrameRules | None = None,
+                                   nframes: int | None = None) -> ScoreRequestBody:
     """`build_request_body` in a worker thread. The thread cannot be stopped, so a cancel while
     it runs lets it finish and then deletes the temp MP4 it wrote (unless `keep_temp_video`)."""
-    future = asyncio.ensure_future(asyncio.to_thread(build_request_body, episode, cfg, rules))
+    future = asyncio.ensure_future(asyncio.to_thread(build_request_body, episode, cfg, rules, nframes))
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

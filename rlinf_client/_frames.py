@@ -221,6 +221,11 @@ def encode_ready(frames: np.ndarray, rules: FrameRules,
     None when this cannot be done here (no OpenCV; a frame size no budget takes): send raw frames."""
     try:
         (height, width), still = rules.sizes(frames.shape[1], frames.shape[2], frames.shape[0], max_pixels)
+        # The proxy sizes what it receives again: only sizes its rule keeps are sent ready (a budget
+        # below the video floor, or a very thin frame, is not; the proxy then sizes the raw frames).
+        again, _ = rules.sizes(height, width, frames.shape[0], max_pixels)
+        if again != (height, width) or (still is not None and rules.sizes(*still, 1, max_pixels)[1] != still):
+            return None
         jpegs = [frame_codec.encode_jpeg(np.ascontiguousarray(frame_codec.resize_frame(f, height, width)),
                                          rules.jpeg_quality) for f in frames]
         stills = [] if still is None else [

@@ -179,7 +179,8 @@ class Scheduler:
             pending = group[i]
             self.frame_rules.changed(pending.body.frame_rules)
             try:
-                body = await build_request_body_async(episodes[pending.index], self.cfg, None)
+                body = await build_request_body_async(episodes[pending.index], self.cfg, None,
+                                                      pending.body.payload["nframes"])
             except FramesError as err:
                 outcomes[i] = err
                 continue

@@ -41,13 +41,19 @@ def resize_frame(frame: Any, height: int, width: int) -> Any:
     shrinking = height * width < frame.shape[0] * frame.shape[1]
     # INTER_AREA is the alias-free choice for shrinking; cubic for the rare upscale.
     interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC
-    return cv2.resize(frame, (width, height), interpolation=interpolation)
+    try:
+        return cv2.resize(frame, (width, height), interpolation=interpolation)
+    except cv2.error as err:  # one error type for callers that do not import OpenCV
+        raise ValueError(f"OpenCV cannot resize a {frame.shape} frame to {width}x{height}: {err}") from None
 
 
 def encode_jpeg(frame_rgb: Any, quality: int) -> bytes:
-    """One RGB uint8 frame as JPEG bytes; ValueError when OpenCV cannot encode it."""
+    """One RGB uint8 frame as JPEG bytes; ValueError when OpenCV cannot encode it (resize_frame too)."""
     cv2 = _cv2()
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    try:
+        ok, buf = cv2.imencode(".jpg", cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    except cv2.error as err:
+        raise ValueError(f"OpenCV cannot encode the frame: {err}") from None
     if not ok:
         raise ValueError("JPEG encoding failed")
     return buf.tobytes()

@@ -11,7 +11,8 @@ parse, so a worker thread does not help (bench/bench_json_body.py). Two measures
   larger, and a valid body has at most one value per inline frame and a few dozen fields per item.
 
 Every route module (the *_routes.py beside it) uses `JSONBodyRoute`. The
-pass-through relays bytes and never parses them (proxy/pipelines/json_peek.py); a `score:<backend>` chat
+pass-through relays bytes, reading only its routing fields (proxy/pipelines/json_peek.py), and a body
+whole only when its bytes could hold a media `uuid` (proxy/pipelines/passthrough.py); a `score:<backend>` chat
 body is parsed with the same `loads` (proxy/pipelines/json_peek.py).
 """
 

@@ -17,6 +17,8 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import pydantic_core
+
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
 from proxy.metrics import Metrics
 from proxy.pipelines.json_peek import Field, NotJsonObject, peek_fields, splice
@@ -28,14 +30,17 @@ from proxy.upstream.retry import Attempt, call_with_retries
 
 def refuse_media_uuids(raw_body: bytes) -> None:
     """A 422 for a body whose messages hold a `uuid` key anywhere (the module docstring says why).
-    Read whole only when its bytes could spell one: "uid", or a \\u escape that could write it."""
-    if b"uid" not in raw_body and b"\\u" not in raw_body:
+    Read whole only when its bytes could spell one — the quoted key, or a \\u escape that could write
+    it; base64 media has neither — and a body that cannot be read whole then is refused too, never
+    relayed unchecked (vLLM's parser may read what this one could not)."""
+    if b'"uuid"' not in raw_body and b"\\u" not in raw_body:
         return
     try:
-        messages = json.loads(raw_body).get("messages")
-    except (ValueError, AttributeError, RecursionError):
-        return  # not a JSON object (or nested past json's depth): vLLM's own 400 says so, as before
-    found = _uuid_path(messages, "messages")
+        parsed = pydantic_core.from_json(raw_body)
+    except ValueError as err:
+        raise InvalidRequest(f"the body could not be read whole to check it for media uuids: {err}",
+                             field="messages") from None
+    found = _uuid_path(parsed.get("messages") if isinstance(parsed, dict) else None, "messages")
     if found is not None:
         raise InvalidRequest(f"{found}: media uuids are not relayed: vLLM takes a uuid as the identity of the "
                              "media's features without checking the data (vllm#55547), so one caller could change "

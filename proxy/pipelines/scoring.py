@@ -17,7 +17,7 @@ from proxy.answers.estimate import Estimated, estimate
 from proxy.answers.reply import ChatReply
 from proxy.audit import AuditLog
 from proxy.config import BackendConfig, SamplingConfig, Settings
-from proxy.errors import MAX_REPLY_CHARS, ProxyError, ScoreParseError, TokenBudgetExceeded
+from proxy.errors import MAX_REPLY_CHARS, InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
 from proxy.media.budget import DecodeBudget, MediaExecutor
 from proxy.media.decode import FrameLimits
 from proxy.media.encode import EncodedFrames, prepare_frames
@@ -258,6 +258,12 @@ class Scorer:
             frames = encoded
         else:
             frames = await self.media.run(lambda budget: self._load_frames(request, limits, budget))
+            if request.frame_rules is not None and frames.forwarded != len(frames.jpegs) + len(frames.stills):
+                # The caller said it encoded for these rules: a frame the proxy had to redo is its bug, never
+                # a silent second resize of already-resized pixels.
+                raise InvalidRequest(f"frames sent with frame_rules must be RGB JPEGs at the rules' sizes (forwarded "
+                                     f"as they are); {len(frames.jpegs) + len(frames.stills) - frames.forwarded} "
+                                     "were not: send raw frames instead", field="frames")
         fps = presentation_fps(cfg, request, frames)
         info = FramesInfo(
             count=len(frames.jpegs), requested=requested, indices=frames.indices,

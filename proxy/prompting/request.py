@@ -112,6 +112,10 @@ def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings
             raise FrameRulesChanged(f"the frames were encoded for frame rules {request.frame_rules}; the backend's "
                                     f"are {current} now (GET /frame-rules): send the raw frames",
                                     field="frame_rules", current=current)
+    if request.frame_rules is not None and request.stills is None and layout_has_stills(cfg.layout or ""):
+        raise InvalidRequest("frames encoded for this backend's rules come with its stills (the first and last frame "
+                             "at the image rule's size, GET /frame-rules): stills made here from final-size frames "
+                             "would be another size than the raw frames give", field="stills")
     if request.stills is not None and not layout_has_stills(cfg.layout or ""):
         raise InvalidRequest(f"the backend's layout ({cfg.layout}) sends no still images: send no stills",
                              field="stills")

@@ -473,9 +473,9 @@ async def test_cancel_while_the_body_is_built_still_deletes_the_temp_mp4(tmp_pat
     entered, release, built = threading.Event(), threading.Event(), []
     real = _base_client.build_request_body
 
-    def slow_build(episode, cfg, rules=None):
+    def slow_build(episode, cfg, *rest):
         entered.set()
-        body = real(episode, cfg, rules)
+        body = real(episode, cfg, *rest)
         built.append(body.temp_video)
         release.wait(10)
         return body

@@ -172,6 +172,33 @@ def test_stills_come_only_with_frames(stack, source):
     assert answer.status_code == 422 and "stills come with frames" in answer.text
 
 
+def test_frames_for_a_stills_layout_come_with_their_stills(stack):
+    """Without them the proxy would make stills from the 336x336 frames: 336x336 instead of the raw
+    path's 252x252 — refused instead."""
+    answer = stack.http.post("/score", json=_ready_request(stack, PRIMO))
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == "stills", answer.text
+    assert stack.upstream(PRIMO) == []
+
+
+def test_frames_said_to_be_ready_that_need_a_resize_are_refused_not_resized_twice(stack):
+    frames = images_b64(episode_frames(16, 256, 256), ".jpg")  # LIBERO's raw size, not the rule's 336x336
+    answer = stack.http.post("/score", json={**_ready_request(stack, QWEN), "frames": frames})
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == "frames", answer.text
+    assert "16 were not" in answer.json()["error"]["message"] and stack.upstream(QWEN) == []
+
+
+@pytest.mark.parametrize("backend", [QWEN, PRIMO])
+def test_a_budget_below_the_video_floor_goes_raw(stack, backend):
+    """max_pixels 50000 sizes 256x256 frames to 196x196, which the proxy's rule would size again (to the
+    floor): the client sends raw frames, and vLLM gets what the raw path makes."""
+    frames = episode_frames(40, 256, 256)
+    raw = score(stack, backend, frames, frame_encoding="raw", max_pixels=50000)
+    ready = score(stack, backend, frames, max_pixels=50000)
+    assert ready["frames"]["forwarded"] == 0
+    assert [ready["frames"][k] for k in ("size", "still_size", "sha256")] == [
+        raw["frames"][k] for k in ("size", "still_size", "sha256")]
+
+
 def test_dense_curves_take_no_stills(stack):
     answer = stack.http.post("/score/dense", json={**_ready_request(stack, PRIMO), "points": 2,
                                                     "stills": images_b64(episode_frames(2, 252, 252), ".jpg")})
@@ -179,16 +206,21 @@ def test_dense_curves_take_no_stills(stack):
 
 
 def test_stills_off_the_image_rule_are_brought_to_it_never_forwarded_at_another_size(stack):
-    """A caller's stills at 400x400 (the image rule gives 392x392 under max_pixels): decoded and
-    resized here, so vLLM gets a size the rule makes; the frames, at their rule's size, still go as sent."""
+    """A caller's stills at 400x400 (the image rule gives 392x392 under max_pixels), sent without
+    frame_rules: decoded and resized here, so vLLM gets a size the rule makes; the frames, at their
+    rule's size, still go as sent. With frame_rules the same request is refused (the caller's bug)."""
     stills = images_b64(episode_frames(2, 400, 400), ".jpg")
-    answer = stack.http.post("/score", json={**_ready_request(stack, PRIMO), "stills": stills})
+    request = {**_ready_request(stack, PRIMO), "stills": stills}
+    del request["frame_rules"]  # a caller that does not claim its frames ready (with the claim: a 422)
+    answer = stack.http.post("/score", json=request)
     assert answer.status_code == 200, answer.text
     frames = answer.json()["frames"]
     assert frames["still_size"] == [392, 392] and frames["forwarded"] == 16
     _, sent = images_sent(stack.upstream(PRIMO)[-1])
     assert [hashlib.sha256(s).hexdigest() for s in sent] == frames["still_sha256"]
     assert all(s != base64.b64decode(b) for s, b in zip(sent, stills, strict=True))
+    claimed = stack.http.post("/score", json={**request, "frame_rules": _ready_request(stack, PRIMO)["frame_rules"]})
+    assert claimed.status_code == 422 and "2 were not" in claimed.json()["error"]["message"]
 
 
 def test_stills_of_two_sizes_are_refused(stack):
@@ -220,6 +252,9 @@ async def test_after_the_rules_change_the_episode_goes_again_raw_and_the_rules_a
         assert "frame rules for backend PRIMO-R1 changed" in caplog.text
         again = await client.score_episodes(episodes[:1])
         assert again[0].response["frames"]["forwarded"] == 18 and cache.rules == held
+    # the episodes sent again raw picked the frames the refused bodies picked (a reward never depends
+    # on whether its body met a 409): the same source indices as the ready body of the same episode
+    assert first[0].response["frames"]["indices"] == again[0].response["frames"]["indices"]
     assert len(stack.upstream(PRIMO)) == 4  # each episode scored once: the refusals cost no vLLM call
 
 

@@ -41,7 +41,7 @@ def _chat(part: dict, text: str = "how far along?") -> dict:
             "messages": [{"role": "user", "content": [part, {"type": "text", "text": text}]}]}
 
 
-@pytest.mark.parametrize("spelling", ["plain", "escaped", "nested", "null"])
+@pytest.mark.parametrize("spelling", ["plain", "escaped", "nested", "null", "deep", "duplicate-key"])
 def test_a_media_uuid_is_refused_before_any_replica_sees_it(stack, spelling):
     proxy, qwen = stack
     qwen.fake.reset()
@@ -51,6 +51,10 @@ def test_a_media_uuid_is_refused_before_any_replica_sees_it(stack, spelling):
     if spelling == "null":  # no data at all: the cached features of whatever had that uuid
         part = {"type": "image_url", "image_url": None, "uuid": "0" * 64}
     body = json.dumps(_chat(part))
+    if spelling == "deep":  # past a JSON parser's nesting limit: refused unread, never relayed unchecked
+        body = body[:-1] + ',"extra":' + "[" * 5000 + "]" * 5000 + "}"
+    if spelling == "duplicate-key":  # the last of two keys wins, in vLLM's parser too
+        body = body.replace('"uuid": "' + "0" * 64 + '"', '"uuid": null, "uuid": "' + "0" * 64 + '"')
     if spelling == "escaped":  # JSON lets a key be written with escapes; vLLM reads it as "uuid"
         body = body.replace('"uuid"', '"\\u0075uid"')
         assert "uuid" not in body
@@ -58,8 +62,9 @@ def test_a_media_uuid_is_refused_before_any_replica_sees_it(stack, spelling):
                         headers={"content-type": "application/json"}, timeout=30, trust_env=False)
     assert answer.status_code == 422, answer.text
     error = answer.json()["error"]
-    assert error["field"].startswith("messages.0.content.0") and error["field"].endswith(".uuid")
-    assert "vllm#55547" in error["message"]
+    assert error["field"] == "messages" if spelling == "deep" else (
+        error["field"].startswith("messages.0.content.0") and error["field"].endswith(".uuid"))
+    assert "vllm#55547" in error["message"] or "uuids" in error["message"]
     assert qwen.chat_requests == []
 
 
