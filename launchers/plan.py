@@ -45,6 +45,8 @@ def plan_stack(settings: Settings, env: Mapping[str, str], *, allow_gpu_overlap:
         plan.warnings += _backend_warnings(name, backend, backend.launch, placed_by_ray)
     if not plan.commands:
         plan.errors.append("no backend has a launch section: nothing to start")
+    if not placed_by_ray:
+        plan.warnings += _shared_server_warnings(settings, plan)
     plan.errors += _port_clashes(plan.commands, settings)
     overlaps = [] if placed_by_ray else gpu_overlaps(plan.commands)
     if allow_gpu_overlap:
@@ -134,4 +136,31 @@ def _backend_warnings(name: str, backend: BackendConfig, launch: LaunchConfig, p
             warnings.append(f"backend {name}: launch.limit_mm_per_prompt "
                             f"{launch.limit_mm_per_prompt} is below what layout {backend.layout} "
                             f"sends ({needed}); vLLM will refuse those requests with a 400")
+    return warnings
+
+
+def _shared_server_warnings(settings: Settings, plan: Plan) -> list[str]:
+    """A backend without a launch section on another backend's replicas sends what its OWN layout
+    sends (GVL's shuffled_images: an image per frame): the servers must take it, or vLLM refuses
+    each request with a 400."""
+    warnings = []
+    by_port = {command.port: command for command in plan.commands}
+    for name in plan.not_launched:
+        backend = settings.backends[name]
+        needed = default_limit_mm(backend)
+        for url in backend.endpoints:
+            command = by_port.get(urlsplit(url).port)
+            if command is None or not _reachable_as(command.host, urlsplit(url).hostname):
+                continue
+            owner = settings.backends[command.backend]
+            served = (owner.launch.limit_mm_per_prompt if owner.launch and owner.launch.limit_mm_per_prompt
+                      else default_limit_mm(owner))
+            short = {k: v for k, v in needed.items() if served.get(k, 0) < v}
+            if short:
+                warnings.append(
+                    f"backend {name} (layout {backend.layout}) sends {needed} per request to {url}, served by "
+                    f"{command.backend}'s replica with --limit-mm-per-prompt {served}: vLLM will refuse those "
+                    f"requests with a 400; set backends.{command.backend}.launch.limit_mm_per_prompt to "
+                    f"{ {**served, **short} }")
+                break
     return warnings

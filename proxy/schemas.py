@@ -197,6 +197,13 @@ class ScoreResponse(BaseModel):
     samples: list[dict[str, Any]] | None = None
     spread: dict[str, float] | None = None
     logprob: dict[str, Any] | None = None  # logprob_score: the answer token's distribution on the scale
+    # a probability answer (P(done)): p_affirmative (= score), p_negative, mass_other, normalised, token_ids,
+    # first_token
+    probability: dict[str, Any] | None = None
+    # a per-frame answer (GVL): each shown frame's value in time order, [{frame_index, score, raw_score,
+    # shown_as}], and the shuffle {seed, order}: order[n] = the frame shown as number n + 1 (after the reference)
+    per_frame: list[dict[str, Any]] | None = None
+    shuffle: dict[str, Any] | None = None
     # The live reward-quality monitor on this episode's (run, backend, task), once an episode of it carried
     # env_success: {"status": ok | alarm | unknown, "reason", "key": {run, backend, task_id}} (docs/reward-quality.md)
     quality: QualityStatus | None = None

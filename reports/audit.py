@@ -26,6 +26,7 @@ from typing import Any
 
 from reports.audit_lines import audit_files, audit_records
 from reports.by_task import ByTask
+from reports.dense_curves import DenseLog
 from reports.monitor_lines import AlarmLog, ProbeLog
 from reports.progress_quality import ProgressLog
 
@@ -120,6 +121,7 @@ class AuditSummary(ByTask["Group"]):
     progress: ProgressLog = field(default_factory=ProgressLog)  # kind: progress lines, kept apart
     alarms: AlarmLog = field(default_factory=AlarmLog)  # kind: quality_alarm lines (also in other_kinds)
     probes: ProbeLog = field(default_factory=ProbeLog)  # kind: probe lines (also in other_kinds)
+    dense: DenseLog = field(default_factory=DenseLog)  # kind: dense_point lines (also in other_kinds)
     first_ts: float | None = None
     last_ts: float | None = None
     _worst: dict[str, list] = field(default_factory=dict)  # backend -> min-heap of the worst
@@ -148,6 +150,11 @@ class AuditSummary(ByTask["Group"]):
         if kind in ("quality_alarm", "probe"):  # the live monitor's lines: read, yet never episodes
             why = self.alarms.add(record, line) if kind == "quality_alarm" else self.probes.add(record)
             if why is None:  # a malformed one is counted as malformed only, so `records` stays right
+                self.other_kinds[kind] += 1
+            return why
+        if kind == "dense_point":  # a prefix of a dense curve: read for its curve's VOC, never an episode
+            why = self.dense.add(record)
+            if why is None:
                 self.other_kinds[kind] += 1
             return why
         if kind != "score":  # a comparison (/compare) is not an episode's score
@@ -192,6 +199,9 @@ class AuditSummary(ByTask["Group"]):
         _append_number(group.latency_ms, (record.get("timings_ms") or {}).get("total")
                        if isinstance(record.get("timings_ms"), dict) else None)
         self.models.setdefault(backend, Counter())[str(record.get("model"))] += 1
+        if isinstance(record.get("per_frame"), list):  # a one-call curve (GVL): its VOC beside the prefix curves'
+            self.dense.add_curve(backend, metadata, [p.get("score") if isinstance(p, dict) else None
+                                                     for p in record["per_frame"]])
         if success >= 0 and self.worst_k > 0:
             self._consider_worst(record, backend, metadata, score, bool(success), line)
         return None

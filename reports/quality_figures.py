@@ -38,6 +38,7 @@ class LogNumbers:
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> Brier, bins, tasks
     alarms: list[dict[str, Any]] = field(default_factory=list)  # alarm periods (kind: quality_alarm lines)
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> probe numbers (kind: probe)
+    dense: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> VOC of its dense curves
 
     @property
     def name(self) -> str:

@@ -2,7 +2,8 @@
 
 Top to bottom: red alerts (parse failures, errors, unreadable lines, no ground truth, a score
 near chance), the summary table per backend, the before/after comparison when two logs are
-given, the ROC curves, the live monitor's alarms over time, the invariance probes, calibration
+given, the ROC curves, the live monitor's alarms over time, the invariance probes, the dense
+curves' VOC, calibration
 (reliability diagrams, Brier scores), then per backend: per-task numbers, histograms, errors,
 prompt templates and the contact sheets of the episodes where score and simulator disagree most."""
 
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reports.dense_curves import dense_section
 from reports.plotting import alert, fmt, image_tag, table, write_page
 from reports.progress_quality import progress_alerts, progress_section
 from reports.quality_figures import (
@@ -377,7 +379,9 @@ def render_report(out_dir: Path, logs: list[LogNumbers], pairs: list[dict[str, A
     if roc:
         body.append(f"<h2>ROC</h2><figure><figcaption>{roc[0]}</figcaption>{image_tag(roc[1], 'ROC curves')}</figure>")
     for log in logs:
-        body.extend((alarms_section(log, out_dir), probes_section(log), calibration_section(log, out_dir)))
+        body.extend((alarms_section(log, out_dir), probes_section(log),
+                     dense_section(log.dense, f" — {log.name}" if log.label else ""),
+                     calibration_section(log, out_dir)))
     for log in logs:
         body.extend(_backend_section(log, backend, threshold, store, out_dir) for backend in log.backends)
     body.extend(progress_section(log.progress, log.name if log.label else "") for log in logs)

@@ -127,6 +127,10 @@ def _corpus(seed: int) -> list[str]:
         "<answer>0</answer> <answer>50</answer> <answer>100</answer> <score>75</score>",
     ]
     lines += [f"<answer>{i}</answer> {i}% {i / 100:.2f}" for i in range(101)]
+    # the answer words of the shipped field methods (prompts/topreward.yaml, roboreward.yaml), often
+    # enough that each is ONE token, as in Qwen's vocabulary: a probability answer is one token's
+    lines += [f"{word}. The answer is: {word}" for word in ("True", "False") for _ in range(60)]
+    lines += [f"ANSWER: {score}" for score in range(1, 6) for _ in range(12)]
     for _ in range(3000):
         words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 16))]
         if rng.random() < 0.3:

@@ -4,6 +4,7 @@
     up, down                launchers/cli.py   (vllm serve processes + the proxy)
     curves, report          reports/cli.py     (RLinf training curves, reward quality)
     replay                  replay.py          (re-score an audit log through the proxy's pipeline)
+    eval                    evaluate.py        (compare candidate rewards on episodes with known outcomes)
 
 This package sits on top: it imports the others, none imports it. Registering a command imports
 only argparse-level code; a command's heavy dependencies load when it runs, and a missing one is
@@ -21,7 +22,7 @@ from proxy import cli as proxy_cli
 from proxy.errors import ConfigError
 from reports import cli as reports_cli
 from reports.plotting import MissingDependencyError
-from vlm_reward_cli import replay
+from vlm_reward_cli import evaluate, replay
 
 __all__ = ["build_parser", "main"]
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     for package in (proxy_cli, launchers_cli, reports_cli):
         package.add_subcommands(commands)
     replay.add_subcommand(commands)
+    evaluate.add_subcommand(commands)
     return parser
 
 

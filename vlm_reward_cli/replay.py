@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from proxy.errors import ConfigError
 from reports.audit_lines import audit_files, audit_records
 from vlm_protocol.frame_store import frame_path
 from vlm_protocol.wire import SCORE_PATH
+from vlm_reward_cli.progress import ProgressLine
 
 __all__ = ["add_subcommand", "replay"]
 
@@ -172,22 +171,9 @@ def _error_code(response) -> str:
         return f"http_{response.status_code}"
 
 
-class _Progress:
-    """One status line: rewritten in place on a terminal, every 10 % otherwise."""
-
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream, self.tty, self.started, self.last_tenth = stream, stream.isatty(), time.monotonic(), -1
-
-    def __call__(self, tally: ReplayTally) -> None:
-        done = tally.scored + sum(tally.failed.values())
-        rate = done / max(time.monotonic() - self.started, 1e-9)
-        text = f"replay: {done} done ({rate:.1f}/s), {tally.line()}"
-        if self.tty:
-            self.stream.write("\r" + text)
-        elif tally.sent and (tenth := 10 * done // tally.sent) != self.last_tenth:
-            self.last_tenth = tenth
-            self.stream.write(text + "\n")
-        self.stream.flush()
+def _progress():
+    line = ProgressLine("replay")
+    return lambda tally: line(tally.scored + sum(tally.failed.values()), tally.line(), total=tally.sent)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -199,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     settings, backend, store = replay_settings(Path(args.config), args.backend, out, args.prompt, args.sampling,
                                                Path(args.frame_store) if args.frame_store else None)
     tally = asyncio.run(replay(settings, backend, store, audit, concurrency=args.concurrency,
-                               from_backend=args.from_backend, limit=args.limit, progress=_Progress()))
+                               from_backend=args.from_backend, limit=args.limit, progress=_progress()))
     print(f"\nreplay of {audit} on {backend} into {out}: {tally.line()}")
     print(f"compare: vlm-reward-proxy report {audit} --compare {out} --out DIR")
     return 0 if tally.sent and not tally.failed else 1

@@ -17,6 +17,9 @@ takes the expectation over the scale values found there, normalised by their mas
 other tokens is reported. It needs a single-token scale (0-9, or binary): Qwen2.5's tokenizer
 splits numbers into single digits, so "85" is two tokens and the expectation over a 0-100 scale
 would need the joint distribution of both — use samples for those scales.
+
+A probability answer (TOPReward's P(done)) is no estimate over parsed values: its score IS a
+probability, read in probability.py.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.answers.parse import AnswerSpec, ParsedScore, parse_score, strip_reasoning
+from proxy.answers.per_frame import Shuffle, parse_per_frame
+from proxy.answers.probability import AnswerTokens, read_probability
 from proxy.answers.reply import ChatReply, Choice
 from proxy.errors import ScoreParseError, UpstreamProtocolError
 
@@ -54,6 +59,8 @@ class Estimated:
     samples: list[dict[str, Any]] | None = None  # every sample, parsed or not (k > 1)
     spread: dict[str, float] | None = None
     logprob: dict[str, Any] | None = None
+    probability: dict[str, Any] | None = None  # a probability answer's P(affirmative), P(negative), ...
+    per_frame: list[ParsedScore] | None = None  # a per-frame answer's values, in time order (last = the score)
 
 
 def single_token_values(spec: AnswerSpec) -> dict[str, float] | None:
@@ -67,10 +74,23 @@ def single_token_values(spec: AnswerSpec) -> dict[str, float] | None:
     return None
 
 
-def estimate(reply: ChatReply, spec: AnswerSpec, mode: str, how: Estimate) -> Estimated:
+def estimate(reply: ChatReply, spec: AnswerSpec, mode: str, how: Estimate,
+             tokens: AnswerTokens | None = None, shuffle: Shuffle | None = None) -> Estimated:
+    """`tokens`: a probability answer's two words as the replying server numbers them; `shuffle`: a
+    per-frame answer's shown order (its score is the last frame's value)."""
     if len(reply.choices) != how.samples:  # a server that ignores n must not shrink the quorum's base
         raise UpstreamProtocolError(f"{reply.endpoint} answered {len(reply.choices)} choices for n={how.samples}",
                                     endpoint=reply.endpoint)
+    if spec.probability:
+        if tokens is None:
+            raise ValueError("a probability answer is read with its answer tokens' ids")
+        parsed, info = read_probability(reply.choices[0], tokens, mode, reply.endpoint)
+        return Estimated(parsed, probability=info)
+    if spec.per_frame:
+        if shuffle is None:
+            raise ValueError("a per-frame answer is read with the order its frames were shown in")
+        in_time, _ = parse_per_frame(reply.text, spec, shuffle, finish_reason=reply.finish_reason)
+        return Estimated(in_time[-1], per_frame=in_time)
     if how.samples > 1:
         return _reduce(reply.choices, spec, mode, how)
     choice = reply.choices[0]
@@ -123,6 +143,11 @@ def _reduce(choices: tuple[Choice, ...], spec: AnswerSpec, mode: str, how: Estim
 def _answer_offset(text: str, spec: AnswerSpec) -> int:
     """Where the answer's value starts in the reply (after any reasoning)."""
     visible_from = len(text) - len(strip_reasoning(text))
+    if spec.label:
+        at = text.rfind(spec.label)
+        if at >= visible_from:
+            rest = text[at + len(spec.label):]
+            return at + len(spec.label) + len(rest) - len(rest.lstrip())
     for tag in spec.tags:
         matches = list(re.finditer(rf"<{re.escape(tag)}>\s*", text[visible_from:], re.I))
         if matches:

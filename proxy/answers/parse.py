@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from proxy.answers.scales import Scale, scale_for_mode
 from proxy.errors import ScoreParseError
 
-__all__ = ["AnswerSpec", "ParsedScore", "declared_fragment", "parse_score", "strip_reasoning"]
+__all__ = ["AnswerSpec", "ParsedScore", "PerFrame", "declared_fragment", "labelled_fragment", "parse_score",
+           "strip_reasoning"]
 
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
 # One number, optionally "%" or "/max", optionally one trailing full stop: nothing else.
@@ -36,6 +37,17 @@ _THINK_UNCLOSED = re.compile(r"<think>.*\Z", re.S | re.I)
 
 
 @dataclass(frozen=True)
+class PerFrame:
+    """A per-frame answer's words (per_frame.py: GVL's one-call progress)."""
+
+    label: str  # "Frame {i}:": the text before the i-th shown image
+    reply: str  # "Frame {i}: ... {value}%": one reply line
+
+    def label_of(self, shown: int) -> str:
+        return self.label.replace("{i}", str(shown))
+
+
+@dataclass(frozen=True)
 class AnswerSpec:
     """The answer a template asks for."""
 
@@ -44,8 +56,20 @@ class AnswerSpec:
     scale: Scale
     constrain: bool = False  # ask vLLM to constrain the reply to this format (constraints.py)
     reasoning: bool = False  # the reply opens with a <think>…</think> block (for the constraint)
+    # `ANSWER:` (RoboReward): the answer is the rest of the one line that starts with this label
+    label: str | None = None
+    # (affirmative, negative) answer tokens: the score is P(affirmative) at the reply's first token,
+    # read from the logprobs, never from the text (probability.py: TOPReward's P(done))
+    probability: tuple[str, str] | None = None
+    per_frame: PerFrame | None = None  # one value per shown frame, shuffled (per_frame.py: GVL)
 
     def describe(self) -> str:
+        if self.per_frame:
+            return f"one line {self.per_frame.reply!r} per frame, each value on the {self.scale.name} scale"
+        if self.probability:
+            return f"the probability of {self.probability[0]!r} as the reply's first token"
+        if self.label:
+            return f"one number on the {self.scale.name} scale after {self.label!r} (the rest of its line)"
         where = " or ".join(f"<{t}>…</{t}>" for t in self.tags) or "the whole reply"
         if self.tags and self.untagged:
             where += " or the whole reply"
@@ -79,12 +103,17 @@ def parse_score(text: str, spec: AnswerSpec, mode: str = "auto", *,
         return ScoreParseError(f"{reason}; the template asks for {spec.describe()}",
                                output_text=text, finish_reason=finish_reason)
 
-    fragment, source = declared_fragment(text, spec.tags, spec.untagged, fail, what="answer",
-                                         finish_reason=finish_reason)
+    if spec.label:
+        fragment, source = labelled_fragment(text, spec.label, fail, finish_reason=finish_reason)
+    else:
+        fragment, source = declared_fragment(text, spec.tags, spec.untagged, fail, what="answer",
+                                             finish_reason=finish_reason)
     parsed = _read(fragment, scale, source, mode)
     if parsed is None:
-        raise fail(f"the reply is not one number on the {scale.name} scale" if source == "untagged" else
-                   f"<{source[:-4]}> holds {fragment.strip()[:60]!r}, not one number on the {scale.name} scale")
+        if source == "untagged":
+            raise fail(f"the reply is not one number on the {scale.name} scale")
+        where = f"{spec.label!r} is followed by" if source == "label" else f"<{source[:-4]}> holds"
+        raise fail(f"{where} {fragment.strip()[:60]!r}, not one number on the {scale.name} scale")
     return parsed
 
 
@@ -111,6 +140,19 @@ def declared_fragment(text: str, tags: tuple[str, ...], untagged: bool, fail: Ca
     if not untagged:
         raise fail(f"no {what} tag in the reply")
     return visible, "untagged"
+
+
+def labelled_fragment(text: str, label: str, fail: Callable[[str], Exception], *,
+                      finish_reason: str | None) -> tuple[str, str]:
+    """The rest of the line after the one `label` (e.g. "ANSWER:") in a reply after its reasoning."""
+    if finish_reason == "length":
+        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+    found = re.findall(re.escape(label) + r"([^\n]*)", strip_reasoning(text or ""))
+    if len(found) > 1:
+        raise fail(f"{len(found)} lines hold {label!r}; which is the answer?")
+    if not found:
+        raise fail(f"no {label!r} in the reply")
+    return found[0], "label"
 
 
 def _read(fragment: str, scale: Scale, source: str, mode: str) -> ParsedScore | None:

@@ -36,7 +36,7 @@ from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PI
 
 log = logging.getLogger(__name__)
 
-Layout = Literal["qwen_video", "primo_interleave", "images"]
+Layout = Literal["qwen_video", "primo_interleave", "images", "shuffled_images"]
 ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/answers/scales.py
 # What an endpoint URL looks like (config and POST /admin/endpoints; the API document states it).
 ENDPOINT_URL_PATTERN = r"^https?://[^/]"

@@ -124,7 +124,7 @@ class Comparer:
     def _prepare(self, request: CompareRequest, backend: Backend, budget_s: float | None,
                  record: dict[str, Any]) -> _Comparison:
         cfg = backend.config
-        name = request.prompt or DEFAULT_COMPARE_PROMPT
+        name = DEFAULT_COMPARE_PROMPT if request.prompt is None else request.prompt  # "" names no template
         if not PROMPT_NAME.match(name) or not self.prompts.path_of(name).is_file():
             raise InvalidRequest(f"prompt {name!r} is not a comparison template; prompts_dir holds "
                                  f"{', '.join(self.prompt_names()) or 'none'}", field="prompt")

@@ -7,14 +7,16 @@ at step t. The source is decoded once at the union of the prefixes' frames, and 
 made once per size. The curve is all or nothing: a curve with a hole is not a curve, so the first
 point that fails fails the request (its error, naming the point) and the others are cancelled.
 Points are capped by proxy.max_batch_items (k points are k calls, like a batch of k).
-Audit lines: one per point, `kind: dense_point`, so reports never count a prefix as an episode.
+Audit lines: one per point, `kind: dense_point`, so reports never count a prefix as an episode;
+`dense: {point, points, curve}` places it in its curve (`report` computes each curve's VOC).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated
+import uuid
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -70,6 +72,8 @@ class CurvePoint(BaseModel):
 
 
 class DenseResponse(BaseModel):
+    # prefixes: one /score per prefix; shuffled: the frames as numbered shuffled images in ONE call (GVL)
+    method: Literal["prefixes", "shuffled"]
     curve: list[CurvePoint]  # in frame order; the last point is the whole episode (points) or prefix_ends[-1]
     points: list[ScoreResponse]  # each prefix's whole /score result (frames, prompt, sampling, usage)
     backend: str
@@ -91,7 +95,10 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
                              field="prefix_ends" if request.prefix_ends else "points")
     backend = scorer.registry.resolve(request.backend)
     cfg = backend.config
-    limits = resolve_request(request, cfg, scorer.prompts.get(cfg.prompt), scorer.settings.proxy).limits
+    template = scorer.prompts.get(cfg.prompt)
+    if template.answer.per_frame:
+        return await _score_shuffled(scorer, request, points, backend.name, budget_s, started)
+    limits = resolve_request(request, cfg, template, scorer.settings.proxy).limits
     backend.pool.check_admission()  # the curve is admitted as a whole, like a batch
     ends: list[int] = []
 
@@ -107,9 +114,11 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
 
     count, load_ms, encoded = await scorer.media.run(decode_and_encode)
     base = request.model_dump(exclude={"points", "prefix_ends"})
+    curve = uuid.uuid4().hex[:16]  # names the curve in its points' audit lines (report: VOC per curve)
     tasks = [asyncio.ensure_future(scorer.score(
         ScoreRequest.model_validate({**base, "prefix_end": end}), admit=False, budget_s=budget_s,
-        encoded=encoded[point], dense={"point": point, "points": len(ends)})) for point, end in enumerate(ends)]
+        encoded=encoded[point], dense={"point": point, "points": len(ends), "curve": curve}))
+        for point, end in enumerate(ends)]
     try:
         done = await asyncio.gather(*tasks)
     except ProxyError as err:
@@ -131,7 +140,7 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
                                    request.metadata.model_dump(exclude_none=True) if request.metadata else None,
                                    done[-1].score) if ends and ends[-1] == count - 1 else None
     return DenseResponse(
-        quality=watched,
+        method="prefixes", quality=watched,
         curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)
                for end, r in zip(ends, done, strict=True)],
         points=done, backend=backend.name, model=done[-1].model, source_count=count,
@@ -155,3 +164,28 @@ def _prefix_ends(request: DenseRequest, count: int) -> list[int]:
         raise InvalidRequest(f"points {points} is more than the episode's {count - 1} prefixes after its first frame",
                              field="points")
     return ends
+
+
+async def _score_shuffled(scorer: Scorer, request: DenseRequest, points: int, backend: str,
+                          budget_s: float | None, started: float) -> DenseResponse:
+    """GVL's one call: the first frame as the reference and `points` frames after it, spread as a
+    /score samples nframes = points + 1 (so the points end where the prefix method's would), shown
+    shuffled; the reply's values un-shuffled are the curve."""
+    if request.prefix_ends is not None:
+        raise InvalidRequest("a backend that shows shuffled frames (layout shuffled_images) picks its frames evenly: "
+                             "give points, not prefix_ends", field="prefix_ends")
+    base = request.model_dump(exclude={"points", "prefix_ends"})
+    # an episode, not a prefix: its audit line is a score line and the monitor sees it (the last frame's value)
+    result = await scorer.score(ScoreRequest.model_validate({**base, "nframes": points + 1}), budget_s=budget_s)
+    assert result.per_frame is not None
+    if len(result.per_frame) < points:
+        raise InvalidRequest(f"points {points} is more than the episode's {len(result.per_frame)} frames after its "
+                             "first", field="points")
+    return DenseResponse(
+        method="shuffled", quality=result.quality,
+        curve=[CurvePoint(frame_index=p["frame_index"], score=p["score"], raw_score=p["raw_score"])
+               for p in result.per_frame],
+        points=[result], backend=backend, model=result.model, source_count=result.frames.source_count,
+        attempts=result.attempts, usage={k: v for k, v in (result.usage or {}).items() if isinstance(v, int)},
+        timings_ms={"load": result.timings_ms["load"],
+                    "total": round((time.perf_counter() - started) * 1e3, 3)})

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from proxy.answers.estimate import Estimated, estimate
+from proxy.answers.per_frame import shuffle_for
+from proxy.answers.probability import AnswerTokens
 from proxy.answers.reply import ChatReply
 from proxy.audit import AuditLog
 from proxy.config import BackendConfig, SamplingConfig, Settings
@@ -24,13 +26,22 @@ from proxy.media.encode import EncodedFrames, prepare_frames
 from proxy.media.frame_store import FrameStore
 from proxy.metrics import Metrics
 from proxy.pipelines.batch import run_batch
-from proxy.prompting.layouts import build_chat_body, encode_body, prompt_token_bound, vision_token_count
+from proxy.prompting.layouts import (
+    FIRST_FRAME_SLOT,
+    FRAMES_SLOT,
+    build_chat_body,
+    encode_body,
+    prompt_token_bound,
+    vision_token_count,
+)
 from proxy.prompting.request import presentation_fps, resolve_request, sampling_for_ask
 from proxy.prompting.templates import PromptStore, apply_seed_overrides
 from proxy.quality.monitor import QualityMonitor
 from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, QualityStatus, ScoreRequest, ScoreResponse
+from proxy.upstream.answer_tokens import AnswerTokenIds
 from proxy.upstream.backends import Backend, BackendRegistry
 from proxy.upstream.client import UpstreamClient
+from proxy.upstream.pool import Endpoint
 from proxy.upstream.retry import Attempt, call_with_retries
 
 if TYPE_CHECKING:
@@ -46,7 +57,7 @@ class _Trace:
     backend: str
     task_text: str
     kind: str = "score"  # "dense_point": one prefix of a /score/dense curve (reports count episodes apart)
-    dense: dict[str, int] | None = None  # that prefix's place in its curve: point, points
+    dense: dict[str, Any] | None = None  # that prefix's place in its curve: point, points, curve (its id)
     metadata: dict[str, Any] | None = None
     asked: dict[str, Any] | None = None  # the request's own max_pixels and backend_kwargs (replay reuses them)
     prompt: PromptInfo | None = None
@@ -92,7 +103,7 @@ def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str
         return f"group:{request.metadata.group_id}"
     if layout == "primo_interleave" and frames.still_sha256:
         return f"frame:{frames.still_sha256[0]}"
-    if layout == "images":
+    if layout in ("images", "shuffled_images"):
         return f"frame:{frames.sha256[0]}"
     return None
 
@@ -112,9 +123,10 @@ class Scorer:
         self.media = media  # the app's bounded media threads: every decode and encode runs there
         self.quality = quality  # live agreement with env_success per (run, backend, task), the alarm
         self.probes: InvarianceProbes | None = None  # set by the app when quality.probes.fraction > 0
+        self.answer_tokens = AnswerTokenIds(upstream)  # a probability answer's word ids, per endpoint
 
     async def score(self, request: ScoreRequest, *, admit: bool = True, budget_s: float | None = None,
-                    encoded: EncodedFrames | None = None, dense: dict[str, int] | None = None,
+                    encoded: EncodedFrames | None = None, dense: dict[str, Any] | None = None,
                     probe: dict[str, Any] | None = None) -> ScoreResponse:
         """Score one episode. `admit=False` skips the queue-full check (batch items were
         admitted as a whole); they still wait for endpoint slots like everyone else.
@@ -163,7 +175,8 @@ class Scorer:
             self.metrics.latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
         self.audit.write({**trace.record(), "model": response.model, "score": response.score,
                           "raw_score": response.raw_score, "parse": response.parse.model_dump(),
-                          **response.model_dump(include={"samples", "spread", "logprob"}, exclude_none=True),
+                          **response.model_dump(include={"samples", "spread", "logprob", "probability", "per_frame",
+                                                   "shuffle"}, exclude_none=True),
                           "attempts": response.attempts, "timings_ms": response.timings_ms})
         if episode and self.probes is not None and trace.encoded is not None:
             encoded = trace.encoded
@@ -194,7 +207,9 @@ class Scorer:
         resolved = resolve_request(request, cfg, template, self.settings.proxy)
         trace.prompt = PromptInfo(name=template.name, sha256=template.sha256, overrides={
             key: hashlib.sha256(text.encode()).hexdigest() for key, text in resolved.prompt_overrides.items()})
-        system, user_text = template.render({"task_text": request.task_text, **resolved.variables})
+        per_frame = resolved.answer.per_frame
+        slots = {"first_frame": FIRST_FRAME_SLOT, "frames": FRAMES_SLOT} if per_frame else {}
+        system, user_text = template.render({"task_text": request.task_text, **resolved.variables, **slots})
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
         frames, fps, trace.frames, trace.frame_store = await self.load_episode(
@@ -202,17 +217,28 @@ class Scorer:
         trace.encoded = frames
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
-        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields)
+        shuffle = shuffle_for(frames, resolved.shuffle_seed) if per_frame else None
+        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields,
+                               shown=(shuffle, per_frame) if shuffle and per_frame else None)
         group = routing_group(request, cfg.layout, trace.frames)
-        first_ask = encode_body(body)
+        words = resolved.answer.probability
+        first_ask = encode_body(body) if not words else b""
+        answer_tokens: dict[str, AnswerTokens] = {}  # a probability answer's ids, by the endpoint that replied
         upstream_started = time.perf_counter()
 
         async def send(attempt: Attempt) -> ChatReply:
             sampling = sampling_for_ask(cfg, resolved.sampling, attempt.parse_round)
-            payload = first_ask if attempt.parse_round == 0 else encode_body(body, sampling)
             trace.sampling, trace.asks = sampling, attempt.parse_round + 1
-            return await backend.call(attempt, self.metrics, lambda endpoint: self.upstream.chat(
-                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()), group)
+
+            async def ask(endpoint: Endpoint) -> ChatReply:
+                payload = first_ask if attempt.parse_round == 0 else encode_body(body, sampling)
+                if words:  # the endpoint's own ids of the two words go into the body
+                    tokens = answer_tokens[endpoint.base_url] = await self.answer_tokens.resolve(
+                        endpoint, cfg.model, words, timeout_s=attempt.timeout_s, api_key=cfg.api_key())
+                    payload = encode_body(body, {**sampling, "logprob_token_ids": tokens.ids})
+                return await self.upstream.chat(endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key())
+
+            return await backend.call(attempt, self.metrics, ask, group)
 
         def seen(reply: ChatReply) -> None:
             trace.saw(reply)
@@ -220,7 +246,8 @@ class Scorer:
 
         def parse(reply: ChatReply) -> Estimated:
             try:
-                return estimate(reply, resolved.answer, resolved.score_mode, resolved.estimate)
+                return estimate(reply, resolved.answer, resolved.score_mode, resolved.estimate,
+                                answer_tokens.get(reply.endpoint), shuffle)
             except ScoreParseError:
                 self.metrics.parse_failures.labels(backend.name).inc()
                 raise
@@ -238,6 +265,12 @@ class Scorer:
             attempts=calls, asks=trace.asks, prompt=trace.prompt, frames=trace.frames,
             sampling=trace.sampling or {}, usage=reply.usage, endpoint=reply.endpoint,
             samples=estimated.samples, spread=estimated.spread, logprob=estimated.logprob,
+            probability=estimated.probability,
+            per_frame=[{"frame_index": index, "score": value.score, "raw_score": value.raw_score,
+                        "shown_as": shuffle.order.index(n) + 1}
+                       for n, (index, value) in enumerate(zip(frames.indices[1:], estimated.per_frame, strict=True))]
+            if estimated.per_frame and shuffle else None,
+            shuffle={"seed": shuffle.seed, "order": list(shuffle.order)} if shuffle else None,
             constrained=resolved.estimate.constrain,
             timings_ms={"load": round(frames.load_ms, 3), "encode": round(frames.encode_ms, 3),
                         "upstream": round((finished - upstream_started) * 1e3, 3),

@@ -3,6 +3,9 @@
     qwen_video        [system?] user: [video, text]
     primo_interleave  system;   user: [image (first frame), video, image (last frame), text]
     images            [system?] user: [image × N, text]   (models without video support)
+    shuffled_images   [system?] user: [text, image (first frame), text, ("Frame n:", image) × k in a
+                      seeded shuffled order, ...]: the template's user text names where the reference
+                      frame (${first_frame}) and the shown frames (${frames}) go (GVL, per_frame.py)
 
 Frames go as one `data:video/jpeg;base64,<f1>,<f2>,...` part, which vLLM splits on commas.
 Its loader keeps only `num_frames` pieces (32 by default) and assumes fps 1, so every request
@@ -26,6 +29,8 @@ import json
 import secrets
 from typing import Any
 
+from proxy.answers.parse import PerFrame
+from proxy.answers.per_frame import Shuffle
 from proxy.config import BackendConfig, SamplingConfig
 from proxy.media.encode import EncodedFrames
 from vlm_protocol.frames import vision_tokens
@@ -62,10 +67,40 @@ def video_uuid(frame_sha256: list[str], video_io: dict[str, Any] | None) -> str:
     return hashlib.sha256(b"data:video/jpeg;" + what.encode()).hexdigest()
 
 
+# Where the rendered user text of a shuffled_images template holds its pictures (what no caller's text holds)
+FIRST_FRAME_SLOT, FRAMES_SLOT = (f"\x00{name}-{secrets.token_hex(8)}\x00" for name in ("first_frame", "frames"))
+
+
+def _shuffled_content(user_text: str, frames: EncodedFrames, shown: tuple[Shuffle, PerFrame],
+                      ids: list[str] | None) -> list[dict]:
+    """The user text cut at its two slots: the reference frame at one, each shown frame after its
+    label at the other, in the shuffled order (order[n] = the frame shown as number n + 1)."""
+    shuffle, per_frame = shown
+    pictures = [_image_part(f, ids[n] if ids else None) for n, f in enumerate(frames.base64_frames)]
+    if len(shuffle.order) != len(pictures) - 1:
+        raise ValueError(f"{len(shuffle.order)} shown frames for {len(pictures) - 1} frames after the reference")
+    numbered = [part for n, at in enumerate(shuffle.order)
+                for part in (_text_part(per_frame.label_of(n + 1)), pictures[at + 1])]
+    head, first, rest = user_text.partition(FIRST_FRAME_SLOT)
+    if not first:  # a template without ${first_frame}: the reference frame is not shown
+        head, rest = "", user_text
+    middle, slot, tail = rest.partition(FRAMES_SLOT)
+    if not slot or FIRST_FRAME_SLOT in middle + tail or FRAMES_SLOT in tail:
+        raise ValueError("the user text must hold the frames slot once, and the first-frame slot at most once "
+                         "before it")
+    content = [_text_part(head.strip())] if head.strip() else []
+    content += [pictures[0]] if first else []
+    content += [_text_part(middle.strip())] if middle.strip() else []
+    content += numbered
+    return content + ([_text_part(tail.strip())] if tail.strip() else [])
+
+
 def build_messages(layout: str, system: str | None, user_text: str, frames: EncodedFrames, *,
-                   media_uuids: bool = False, video_io: dict[str, Any] | None = None) -> list[dict]:
+                   media_uuids: bool = False, video_io: dict[str, Any] | None = None,
+                   shown: tuple[Shuffle, PerFrame] | None = None) -> list[dict]:
     """The conversation for one episode. With `media_uuids`, each media part carries its uuid
-    (module docstring); `video_io` is the media_io_kwargs.video the body carries, if any."""
+    (module docstring); `video_io` is the media_io_kwargs.video the body carries, if any;
+    `shown`: the shuffled_images layout's order and its template's per-frame words."""
     ids = frames.sha256 if media_uuids else None  # of the video's frames (the images layout: of each image)
     clip = video_uuid(ids, video_io) if ids is not None and layout_has_video(layout) else None
     if layout == "qwen_video":
@@ -78,6 +113,10 @@ def build_messages(layout: str, system: str | None, user_text: str, frames: Enco
     elif layout == "images":
         content = [*(_image_part(f, ids[n] if ids else None) for n, f in enumerate(frames.base64_frames)),
                    _text_part(user_text)]
+    elif layout == "shuffled_images":
+        if shown is None:
+            raise ValueError("the shuffled_images layout needs the shown order")
+        content = _shuffled_content(user_text, frames, shown, ids)
     else:  # config validation makes this unreachable
         raise ValueError(f"unknown layout {layout!r}")
     messages = [{"role": "system", "content": system}] if system else []
@@ -149,6 +188,7 @@ def build_chat_body(
     frames: EncodedFrames,
     fps: float,
     estimate_fields: dict[str, Any] | None = None,
+    shown: tuple[Shuffle, PerFrame] | None = None,
 ) -> dict[str, Any]:
     """The exact JSON sent upstream. Every sampling field is explicit (see module docstring);
     `estimate_fields` are n, structured_outputs and logprobs (request.py)."""
@@ -156,7 +196,7 @@ def build_chat_body(
     body: dict[str, Any] = {
         "model": backend.model,
         "messages": build_messages(backend.layout, system, user_text, frames, media_uuids=backend.media_uuids,
-                                   video_io=(mm_io or {}).get("video")),
+                                   video_io=(mm_io or {}).get("video"), shown=shown),
         # every field of SamplingConfig, so a new one can never be forgotten here
         **sampling.model_dump(exclude_none=True),
         "n": 1,
@@ -210,7 +250,7 @@ def build_text_body(backend: BackendConfig, sampling: SamplingConfig, system: st
 
 def vision_token_count(layout: str, frames: EncodedFrames) -> int:
     """The vision tokens vLLM will count for these frames (Qwen2.5-VL), start/end tokens included."""
-    if layout == "images":
+    if layout in ("images", "shuffled_images"):
         return len(frames.jpegs) * vision_tokens(frames.height, frames.width, video=False)
     count = vision_tokens(frames.height, frames.width, len(frames.jpegs), video=True)
     if layout_has_stills(layout) and frames.still_size is not None:

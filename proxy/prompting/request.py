@@ -13,10 +13,10 @@ from proxy.answers.estimate import REDUCTIONS, Estimate, single_token_values
 from proxy.answers.parse import AnswerSpec
 from proxy.answers.scales import SCORE_MODES, scale_for_mode
 from proxy.config import BackendConfig, ProxySettings, SamplingConfig
-from proxy.errors import FrameRulesChanged, InvalidRequest
+from proxy.errors import FrameRulesChanged, InvalidRequest, PromptTemplateError
 from proxy.media.encode import EncodedFrames, FrameLimits
 from proxy.prompting.layouts import layout_has_stills
-from proxy.prompting.templates import SEED_PROMPT_KWARGS, PromptTemplate
+from proxy.prompting.templates import MEDIA_SLOTS, SEED_PROMPT_KWARGS, PromptTemplate
 from proxy.schemas import ScoreRequest
 from vlm_protocol.frame_rules import FrameRules
 
@@ -43,6 +43,7 @@ class ResolvedRequest:
     requested_nframes: int
     estimate: Estimate
     upstream_fields: dict[str, Any]  # what the estimate adds to the chat body (n, structured_outputs, logprobs)
+    shuffle_seed: int | None = None  # a per-frame answer's seed of the shown order (None: from the frames)
 
 
 def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate,
@@ -50,6 +51,10 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
     limits, requested = frame_limits(request, cfg, proxy)
     template_vars = template.variable_names
     overrides, variables, prompt_overrides, score_mode, estimate_kwargs = {}, {}, {}, cfg.score_mode, {}
+    shuffle_seed: int | None = None
+    if (cfg.layout == "shuffled_images") != bool(template.answer.per_frame):
+        raise PromptTemplateError(f"prompt {template.name!r} and layout {cfg.layout!r} do not fit: a per_frame answer "
+                                  "(one value per shown frame) goes with layout shuffled_images, and only it")
     for key, value in request.backend_kwargs.items():
         if key in SAMPLING_FIELDS:
             overrides[key] = value
@@ -60,13 +65,20 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
             score_mode = value
         elif key in ESTIMATE_KWARGS:
             estimate_kwargs[key] = value
+        elif key == "shuffle_seed" and template.answer.per_frame:
+            if type(value) is not int or not 0 <= value < 2**63:
+                raise _kwarg_error(key, "must be a non-negative integer (the seed of the frames' shown order)")
+            shuffle_seed = value
+        elif key in SEED_PROMPT_KWARGS and template.answer.per_frame:
+            raise _kwarg_error(key, f"cannot replace prompt {template.name!r}'s text: its user text places the shown "
+                                    "frames")
         elif key in SEED_PROMPT_KWARGS:
             if not isinstance(value, str) or len(value) > proxy.max_prompt_chars:
                 raise InvalidRequest(f"backend_kwargs.{key} must be a string of at most "
                                      f"{proxy.max_prompt_chars} characters (proxy.max_prompt_chars)",
                                      field=f"backend_kwargs.{key}")
             prompt_overrides[key] = value
-        elif key in template_vars and key != "task_text":
+        elif key in template_vars and key != "task_text" and key not in MEDIA_SLOTS:
             variables[key] = value
         else:
             raise InvalidRequest(
@@ -76,11 +88,23 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
                 f"{cfg.prompt!r} ({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
                 field=f"backend_kwargs.{key}")
     sampling = _override_sampling(cfg, overrides)
-    answer = replace(template.answer, scale=scale_for_mode(score_mode, template.answer.scale))
+    if template.answer.per_frame and score_mode != "auto":
+        raise InvalidRequest(f"prompt {template.name!r} answers one value per frame on its declared scale: leave "
+                             "score_mode auto", field="backend_kwargs.score_mode")
+    if template.answer.per_frame and set(estimate_kwargs) - {"constrain"}:
+        raise _kwarg_error(sorted(set(estimate_kwargs) - {"constrain"})[0],
+                           f"does not apply to prompt {template.name!r}: one reply holds every frame's value")
+    if template.answer.probability:
+        _probability_only(template.name, score_mode, estimate_kwargs)
+        sampling = sampling.model_copy(update={"max_tokens": 1})  # the first token's logprobs are the answer
+        answer = template.answer
+    else:
+        answer = replace(template.answer, scale=scale_for_mode(score_mode, template.answer.scale))
     estimate = _estimate(estimate_kwargs, template.name, answer, sampling)
     return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
                            prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
-                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer))
+                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer, limits.nframes - 1),
+                           shuffle_seed=shuffle_seed)
 
 
 _RULES_IDS: dict[int, tuple[BackendConfig, str]] = {}  # id(config) → (config, its rules id): per request
@@ -128,11 +152,14 @@ def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings
                              field="nframes")
     # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
     nframes = min(requested, cfg.frames.max_nframes or requested)
-    if cfg.layout == "images" and nframes > cfg.frames.nframes:
+    if cfg.layout in ("images", "shuffled_images") and nframes > cfg.frames.nframes:
         # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
-        raise InvalidRequest(f"backend uses the images layout, one image per frame; its servers take at most "
+        raise InvalidRequest(f"backend uses the {cfg.layout} layout, one image per frame; its servers take at most "
                              f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
                              field="nframes")
+    if cfg.layout == "shuffled_images" and nframes < 2:
+        raise InvalidRequest("the shuffled_images layout shows the first frame as the reference and at least one "
+                             "frame after it: nframes must be at least 2", field="nframes")
     max_pixels = request.max_pixels or cfg.frames.max_pixels
     if not MIN_MAX_PIXELS <= max_pixels <= proxy.max_pixels_limit:
         raise InvalidRequest(f"max_pixels must be within [{MIN_MAX_PIXELS}, "
@@ -228,10 +255,26 @@ def _estimate(kwargs: dict[str, Any], prompt: str, answer: AnswerSpec, sampling:
                     constrain=kwargs.get("constrain", answer.constrain))
 
 
-def _upstream_fields(estimate: Estimate, answer: AnswerSpec) -> dict[str, Any]:
+def _probability_only(prompt: str, score_mode: str, kwargs: dict[str, Any]) -> None:
+    """A probability answer is read from the first token's logprobs: no other estimator, scale or
+    constraint applies (a constraint would change the number: vLLM masks the logits first)."""
+    if score_mode != "auto":
+        raise InvalidRequest(f"prompt {prompt!r} answers a probability (P of its affirmative token): score_mode "
+                             f"{score_mode!r} has no meaning here; leave it auto", field="backend_kwargs.score_mode")
+    for key, value in kwargs.items():
+        if value is not False and not (key == "samples" and value == 1 and value is not True):
+            raise _kwarg_error(key, f"does not apply to prompt {prompt!r}: its score is the probability of its "
+                                    "affirmative token, read from one token's logprobs")
+
+
+def _upstream_fields(estimate: Estimate, answer: AnswerSpec, shown: int) -> dict[str, Any]:
+    """`shown`: the frames a per-frame answer numbers (those after the reference)."""
+    if answer.probability:
+        # + logprob_token_ids, per endpoint (its /tokenize numbers the words): proxy/upstream/answer_tokens.py
+        return {"n": 1, "logprobs": True, "return_tokens_as_token_ids": True}
     fields: dict[str, Any] = {"n": estimate.samples}
     if estimate.constrain:
-        fields["structured_outputs"] = {"regex": answer_regex(answer)}
+        fields["structured_outputs"] = {"regex": answer_regex(answer, shown if answer.per_frame else None)}
     if estimate.logprob:
         fields.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     return fields

@@ -14,6 +14,9 @@ A template is `prompts/<name>.yaml`:
       scale: {min: 0, max: 100}     # or `binary`; `zero: 1` makes a 1-5 scale start at 0
       constrain: false              # ask vLLM to hold the reply to this format (proxy/answers/constraints.py)
       reasoning: false              # the reply opens with <think>…</think> (the constraint allows it)
+      label: "ANSWER:"              # instead of tags: the answer follows this text on its line (RoboReward)
+    or, for a probability read from the logprobs instead of a number in the text (TOPReward's P(done)):
+    answer: {probability: {affirmative: "True", negative: "False"}}
 
 `${name}` placeholders (string.Template) keep literal braces in prompts free to use. Rendered
 text has no leading or trailing whitespace (YAML block scalars end in a newline). A file is
@@ -37,12 +40,14 @@ from typing import Any
 
 import yaml
 
-from proxy.answers.parse import AnswerSpec
-from proxy.answers.scales import BINARY, Scale
+from proxy.answers.parse import AnswerSpec, PerFrame
+from proxy.answers.scales import BINARY, UNIT, Scale
 from proxy.errors import PromptTemplateError, TemplateVariableError
 from vlm_protocol import strict_yaml
 
 _REQUIRED = object()
+# Where a per_frame template's user text places its pictures (the layout fills them, never a caller)
+MEDIA_SLOTS = ("first_frame", "frames")
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ def parse_template(name: str, raw: bytes) -> PromptTemplate:
         if not isinstance(spec, dict):
             raise PromptTemplateError(f"prompt {name!r}: variables.{var} must be a mapping")
         variables[str(var)] = spec.get("default", _REQUIRED)
+    answer = parse_answer_spec(name, doc.get("answer"))
+    slots = set(MEDIA_SLOTS) if answer.per_frame else set()
     for part_name, text in (("system", system), ("user", user)):
         if not text:
             continue
@@ -106,13 +113,19 @@ def parse_template(name: str, raw: bytes) -> PromptTemplate:
         if not template.is_valid():
             raise PromptTemplateError(f"prompt {name!r}: {part_name} has a malformed $ placeholder "
                                       "(write $$ for a literal $)")
-        undeclared = set(template.get_identifiers()) - set(variables)
+        undeclared = set(template.get_identifiers()) - set(variables) - (slots if part_name == "user" else set())
         if undeclared:
             raise PromptTemplateError(
                 f"prompt {name!r}: {part_name} uses undeclared variable(s) {sorted(undeclared)}")
+    if slots:  # the layout puts the pictures where the user text names them
+        if "frames" not in Template(user).get_identifiers() or slots & set(variables):
+            raise PromptTemplateError(f"prompt {name!r}: a per_frame answer's user text places the shown frames with "
+                                      "${frames} (and the reference frame with ${first_frame}); neither is declared "
+                                      "as a variable")
+        variables.update(dict.fromkeys(slots, _REQUIRED))
     return PromptTemplate(
         name=name, sha256=hashlib.sha256(raw).hexdigest(), description=str(doc.get("description", "")),
-        system=system, user=user, variables=variables, answer=parse_answer_spec(name, doc.get("answer")),
+        system=system, user=user, variables=variables, answer=answer,
     )
 
 
@@ -123,9 +136,13 @@ def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
     if not isinstance(declared, dict):
         raise PromptTemplateError(f"{where} must be declared: a mapping with tags, untagged and scale "
                                   "(e.g. answer: {tags: [answer], scale: {min: 0, max: 100}})")
-    unknown = set(declared) - {"tags", "untagged", "scale", "constrain", "reasoning"}
+    unknown = set(declared) - {"tags", "untagged", "scale", "constrain", "reasoning", "label", "probability",
+                             "per_frame"}
     if unknown:
         raise PromptTemplateError(f"{where} has unknown keys: {sorted(unknown)}")
+    if "probability" in declared:
+        return _probability_answer(where, declared)
+    per_frame = _per_frame(where, declared.get("per_frame"))
     tags = declared.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) and t.isidentifier() for t in tags):
         raise PromptTemplateError(f"{where}.tags must be a list of tag names, e.g. [answer]")
@@ -143,8 +160,48 @@ def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
             raise PromptTemplateError(f"{where}.scale: {err}") from err
     else:
         raise PromptTemplateError(f"{where}.scale must be `binary` or {{min, max[, zero]}}, got {raw_scale!r}")
-    return AnswerSpec(tags=tuple(tags), untagged=flags["untagged"] or not tags, scale=scale,
-                      constrain=flags["constrain"], reasoning=flags["reasoning"])
+    label = declared.get("label")
+    if label is not None and (not isinstance(label, str) or not label.strip() or "\n" in label or tags):
+        raise PromptTemplateError(f"{where}.label must be the text that opens the answer on one line "
+                                  "(e.g. 'ANSWER:'), without tags")
+    if per_frame and (tags or label is not None or scale.binary):
+        raise PromptTemplateError(f"{where}: a per_frame answer's lines are its format: no tags, label or binary scale")
+    return AnswerSpec(tags=tuple(tags), untagged=(flags["untagged"] or not tags) and label is None and not per_frame,
+                      scale=scale, constrain=flags["constrain"], reasoning=flags["reasoning"], label=label,
+                      per_frame=per_frame)
+
+
+def _per_frame(where: str, declared: Any) -> PerFrame | None:
+    """`per_frame: {label: "Frame {i}:", reply: "Frame {i}: ... {value}%"}` (GVL: one value per frame)."""
+    if declared is None:
+        return None
+    if not (isinstance(declared, dict) and set(declared) == {"label", "reply"}
+            and all(isinstance(v, str) and "\n" not in v for v in declared.values())
+            and declared["label"].count("{i}") == 1 and declared["reply"].count("{i}") == 1
+            and declared["reply"].count("{value}") == 1
+            and declared["reply"].index("{i}") < declared["reply"].index("{value}")):
+        raise PromptTemplateError(f"{where}.per_frame must be {{label: 'Frame {{i}}:', reply: 'Frame {{i}}: ... "
+                                  "{value}%'}: one line each, {i} once in both, {value} once in reply after {i}")
+    return PerFrame(label=declared["label"], reply=declared["reply"])
+
+
+def _probability_answer(where: str, declared: dict) -> AnswerSpec:
+    """`probability: {affirmative: "True", negative: "False"}`: the score is P(affirmative) as the
+    reply's first token, read from the logprobs (proxy/answers/probability.py). Nothing in the
+    text is parsed, so tags, a scale, a label or a constraint would mean nothing here; the
+    constraint would even change the number (vLLM masks the logits before it computes logprobs)."""
+    words = declared["probability"]
+    if not (isinstance(words, dict) and set(words) == {"affirmative", "negative"}
+            and all(isinstance(w, str) and w and w == w.strip() for w in words.values())
+            and words["affirmative"] != words["negative"]):
+        raise PromptTemplateError(f"{where}.probability must be {{affirmative: <token>, negative: <token>}}: two "
+                                  "different words without surrounding spaces, e.g. {affirmative: 'True', "
+                                  "negative: 'False'}")
+    others = sorted(set(declared) - {"probability"})
+    if others:
+        raise PromptTemplateError(f"{where}: a probability answer is read from the logprobs, not the text: "
+                                  f"{', '.join(others)} mean nothing with it")
+    return AnswerSpec(tags=(), untagged=False, scale=UNIT, probability=(words["affirmative"], words["negative"]))
 
 
 class PromptStore:

@@ -109,13 +109,15 @@ class UpstreamClient:
         self.session = session
 
     async def _post(self, endpoint: Endpoint, path: str, body: bytes, timeout_s: float,
-                    api_key: str | None, stream: bool = False) -> UpstreamAnswer | UpstreamStream:
+                    api_key: str | None, stream: bool = False, *, from_root: bool = False
+                    ) -> UpstreamAnswer | UpstreamStream:
         """One POST. A whole reply is read within `timeout_s`; a 200 stream must have its
-        headers within `timeout_s`, then may pause at most `timeout_s` between chunks."""
+        headers within `timeout_s`, then may pause at most `timeout_s` between chunks.
+        `from_root`: `path` is under the server's root, not its /v1 (vLLM's /tokenize)."""
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        url = endpoint.base_url + path
+        url = (endpoint.base_url.removesuffix("/v1") if from_root else endpoint.base_url) + path
         response = handed_off = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -169,6 +171,23 @@ class UpstreamClient:
         if answer.status_code != 200:
             raise translate_status(answer, endpoint.base_url)
         return _read_embedding(answer, endpoint.base_url)
+
+    async def tokenize(self, endpoint: Endpoint, model: str, text: str, *, timeout_s: float,
+                       api_key: str | None = None) -> list[int]:
+        """vLLM's POST /tokenize of `text` alone (no special tokens): the served model's token ids."""
+        body = json.dumps({"model": model, "prompt": text, "add_special_tokens": False}).encode()
+        answer = await self._post(endpoint, "/tokenize", body, timeout_s, api_key, from_root=True)
+        if answer.status_code != 200:
+            raise translate_status(answer, endpoint.base_url)
+        try:
+            tokens = json.loads(answer.content)["tokens"]
+            if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
+                raise TypeError("tokens must be a list of integers")
+        except (ValueError, KeyError, TypeError) as err:
+            raise UpstreamProtocolError(f"{endpoint.base_url}: /tokenize answered 200 with a body that is not a "
+                                        f"tokenization ({type(err).__name__}: {err})",
+                                        endpoint=endpoint.base_url) from err
+        return tokens
 
     async def forward(self, endpoint: Endpoint, body: bytes, *, timeout_s: float,
                       api_key: str | None = None, stream: bool = False) -> UpstreamAnswer | UpstreamStream:

@@ -13,11 +13,14 @@ Behaviour per chat request: the next scripted action if any, else the default re
     {"hang_s": 30}                                   answer nothing for that long
     {"reply": "a b c", "word_delay_s": 1}            (stream: true) a pause after each word
     {"hold": threading.Event()}                      (in-process) answer once the test sets it
+    {"reply": "True", "ignore_label_ids": true}      logprobs as if logprob_token_ids were not sent
 Like stock vLLM it answers 401 on /v1/* without the bearer token when `api_key` is set, 404 for an
 unknown model, 400 (param media_io_kwargs /
 mm_processor_kwargs) for per-request media kwargs unless trust_request_mm_kwargs, 400 for a
 data URL that is not strict base64, and it keeps only --media-io-kwargs num_frames (32) frames.
 
+POST /tokenize (at the root, as vLLM) numbers words by FakeConfig.vocab; `logprob_token_ids`
+answers those tokens' logprobs at the first token (FakeConfig.label_logprobs or FakeState.label_fn).
 Control over HTTP (for fakes run as subprocesses): POST /_fake/script {"actions": [...]},
 POST /_fake/config {...FakeConfig fields}, POST /_fake/reset, GET /_fake/requests.
 Run standalone: python -m tests.fakes.fake_vllm --port 8001 --served-model-name NAME
@@ -62,6 +65,12 @@ class FakeConfig:
     # With `logprobs: true` in a request: the top_logprobs at the reply's first digit or yes/no
     # token (e.g. {"7": -0.2, "8": -1.9, " the": -3.0}); every other token is certain.
     answer_top_logprobs: dict[str, float] | None = None
+    # POST /tokenize: a word here is that one token id; any other text, one id per piece (_FAKE_TOKENS)
+    vocab: dict[str, int] = field(default_factory=lambda: {"True": 2514, "False": 4049, " True": 3007,
+                                                           " False": 3557, "Yes": 9454, "No": 2753})
+    # With `logprob_token_ids`: the logprob of each word at the reply's first token (others: -9999, as
+    # vLLM clips); FakeState.label_fn(body) decides instead when set (answers that depend on the frames)
+    label_logprobs: dict[str, float] | None = None
 
 
 @dataclass
@@ -79,6 +88,7 @@ class FakeState:
     actions: collections.deque = field(default_factory=collections.deque)
     requests: list[RecordedRequest] = field(default_factory=list)
     reply_fn: Callable[[dict], str] | None = None
+    label_fn: Callable[[dict], dict[str, float]] | None = None  # body → {word: logprob} (label_logprobs)
     running: int = 0
     max_running_seen: int = 0
     chat_count: int = 0
@@ -176,6 +186,16 @@ class FakeVLLM:
             return True
         if method == "POST" and path == "/v1/chat/completions":
             return await self._chat(headers, raw_body, writer)
+        if method == "POST" and path == "/tokenize":  # vLLM serves it at the root, not under /v1
+            body = json.loads(raw_body)
+            if cfg.record:
+                self.state.requests.append(RecordedRequest("POST", path, headers, body))
+            if body.get("model") != cfg.served_model_name:
+                await _send_json(writer, 404, _error(f"The model `{body.get('model')}` does not exist.",
+                                                     "NotFoundError", 404, "model"))
+            else:
+                await _send_json(writer, 200, {"tokens": _token_ids(str(body.get("prompt", "")), cfg)})
+            return True
         if method == "POST" and path == "/v1/embeddings":
             return await self._embeddings(headers, raw_body, writer)
         await _send_json(writer, 404, _error("Not Found", "NotFoundError", 404))
@@ -288,6 +308,10 @@ class FakeVLLM:
         # `n` samples: a list (from the script or reply_fn) gives one text each, a string repeats
         texts = text if isinstance(text, list) else [text] * int(body.get("n") or 1)
         completion = _completion(body, cfg, texts, action.get("finish_reason", "stop"))
+        if body.get("logprob_token_ids") and not action.get("ignore_label_ids"):
+            labels = state.label_fn(body) if state.label_fn else (cfg.label_logprobs or {})
+            for choice in completion["choices"]:
+                choice["logprobs"] = _label_logprobs(body, cfg, labels)
         if body.get("stream"):
             await _send_sse(writer, completion, action.get("word_delay_s", 0.0))
             return True
@@ -351,6 +375,9 @@ class FakeVLLM:
 def _validate_like_vllm(body: dict, cfg: FakeConfig) -> tuple[int, dict] | None:
     if body.get("model") != cfg.served_model_name:
         return 404, _error(f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404, "model")
+    if body.get("logprob_token_ids") and not body.get("logprobs"):
+        return 400, _error("when using `logprob_token_ids`, `logprobs` must be set to true.", "BadRequestError", 400,
+                           "logprob_token_ids")
     if not cfg.trust_request_mm_kwargs:
         for param in ("mm_processor_kwargs", "media_io_kwargs"):
             if body.get(param):
@@ -422,6 +449,26 @@ def _logprobs(text: str, cfg: FakeConfig) -> dict:
             top = [{"token": t, "logprob": lp} for t, lp in cfg.answer_top_logprobs.items()]
         content.append({"token": token, "logprob": top[0]["logprob"], "top_logprobs": top})
     return {"content": content}
+
+
+def _token_ids(text: str, cfg: FakeConfig) -> list[int]:
+    if text in cfg.vocab:
+        return [cfg.vocab[text]]
+    return [cfg.vocab.get(piece, 100_000 + sum(piece.encode()) % 50_000) for piece in _FAKE_TOKENS.findall(text)]
+
+
+def _label_logprobs(body: dict, cfg: FakeConfig, labels: dict[str, float]) -> dict:
+    """vLLM 0.32's answer to `logprob_token_ids` (with return_tokens_as_token_ids): at the first
+    token, the logprob of exactly the asked ids (and of the sampled token, the likeliest word)."""
+    ids = {cfg.vocab[word]: lp for word, lp in labels.items()}
+    top = {token: max(ids.get(token, -9999.0), -9999.0) for token in body["logprob_token_ids"]}
+    sampled = max(top, key=top.get)
+
+    def name(token: int) -> str:
+        return f"token_id:{token}" if body.get("return_tokens_as_token_ids") else \
+            next((w for w, i in cfg.vocab.items() if i == token), "?")
+    return {"content": [{"token": name(sampled), "logprob": top[sampled],
+                         "top_logprobs": [{"token": name(t), "logprob": lp} for t, lp in top.items()]}]}
 
 
 def _completion(body: dict, cfg: FakeConfig, texts: str | list[str], finish_reason: str) -> dict:

@@ -89,6 +89,7 @@ def test_launch_fields_become_flags_and_extra_args_come_last():
     ("qwen_video", None, {"video": 1}),
     ("primo_interleave", None, {"image": 2, "video": 1}),
     ("images", None, {"image": 8}),
+    ("shuffled_images", None, {"image": 8}),  # GVL: the reference frame and 7 shown frames
     ("qwen_video", {"video": 2, "image": 1}, {"video": 2, "image": 1}),
 ])
 def test_limit_mm_per_prompt_follows_the_layout(layout, explicit, expected):
@@ -168,6 +169,19 @@ def test_mismatched_budgets_and_short_mm_limits_warn():
     warnings = plan_of(data).warnings
     assert any("max_model_len 32768" in w and "16384" in w for w in warnings)
     assert any("below what layout primo_interleave sends" in w for w in warnings)
+
+
+def test_a_backend_on_another_backends_replicas_is_checked_against_their_mm_limit():
+    """GVL's backend (an image per frame) with no launch of its own, on the Qwen video replicas."""
+    data = four_gpu()
+    qwen = data["backends"]["qwen2_5_vl_vllm"]
+    gvl = {k: v for k, v in qwen.items() if k != "launch"}
+    data["backends"]["gvl"] = {**gvl, "layout": "shuffled_images", "prompt": "gvl", "frames": {"nframes": 9}}
+    warnings = [w for w in plan_of(data).warnings if w.startswith("backend gvl")]
+    assert len(warnings) == 1 and "served by qwen2_5_vl_vllm's replica with --limit-mm-per-prompt {'video': 1}" \
+        in warnings[0] and "limit_mm_per_prompt to {'video': 1, 'image': 9}" in warnings[0], warnings
+    qwen["launch"]["limit_mm_per_prompt"] = {"video": 1, "image": 9}
+    assert not [w for w in plan_of(data).warnings if w.startswith("backend gvl")]
 
 
 def test_shell_line_quotes_like_a_shell_would_read_it():

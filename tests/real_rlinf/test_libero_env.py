@@ -742,3 +742,50 @@ def test_reward_table(tier):
                              _column(ep["terminations"], env), _column(ep["truncations"], env), strict=True)])})
     SUMMARY["reward_table"] = rows
     assert rows
+
+
+def test_eval_runs_on_episodes_the_real_env_wrote_and_its_page_opens(tier, tmp_path):
+    """`vlm-reward-proxy eval` on the real LIBERO env's episodes: each env's main images up to its end
+    step, its own success flag and task text, written as the eval reads them. Scored with TOPReward's
+    P(done) against a fake whose P("True") is the last frame's brightness (what is measured here is
+    that eval runs on the env's episodes, not the model)."""
+    from tests.fakes.grader import last_video_frame
+    from tests.reports.browser import assert_not_blank, chromium, dom_text, screenshot
+    from vlm_reward_cli import main
+
+    chromium()  # skips (or fails under VLM_REQUIRE_BROWSER=1) before anything is built
+    episodes_dir = tmp_path / "episodes"
+    episodes_dir.mkdir()
+    listing = []
+    for name in ("binary_rel_inline", "continuous_nonrel_path"):
+        ep = _ok(tier.episodes[name])
+        tasks = {line["metadata"]["env"]: line["task_text"] for line in tier.audit[name]}
+        for env in (0, 1):
+            end = _end_step(ep, env)
+            np.save(episodes_dir / f"{name}-{env}.npy", np.ascontiguousarray(tier.frames[name][: end + 1, env]))
+            listing.append({"file": f"{name}-{env}.npy", "task_text": tasks[env], "task_id": TASK_IDS[env],
+                            "success": bool(ep["terminations"][end - 1][env])})
+    (episodes_dir / "episodes.jsonl").write_text("".join(json.dumps(item) + "\n" for item in listing))
+    assert {item["success"] for item in listing} == {True, False}  # env 1's injected success, and failures
+
+    model = _yaml(SHIPPED_PROXY)["backends"][QWEN]["model"]
+    fake = FakeVLLMThread(FakeConfig(served_model_name=model)).start()
+    fake.fake.state.label_fn = lambda body: {"True": float(np.log(max(last_video_frame(body).mean() / 255, 1e-6))),
+                                             "False": float(np.log(0.01))}
+    config = tmp_path / "proxy.yaml"
+    config.write_text(yaml.safe_dump({"proxy": {"prompts_dir": str(REPO / "prompts")}, "backends": {"p_done": {
+        "model": model, "endpoints": [fake.base_url], "layout": "qwen_video", "prompt": "topreward",
+        "frames": {"nframes": 8, "max_pixels": 200704}, "sampling": {"temperature": 0.0, "max_tokens": 1}}}}))
+    out = tmp_path / "eval"
+    try:
+        code = main(["eval", str(episodes_dir), "--config", str(config), "--backend", "p_done", "--points", "4",
+                     "--controls", "reversed", "--out", str(out)])
+    finally:
+        fake.stop()
+    assert code == 0
+    result = json.loads((out / "eval.json").read_text())
+    records = [r for r in result["records"] if r["control"] is None]
+    assert len(records) == 4 and all(len(r["curve"]) == 4 and r["score"] == r["curve"][-1] for r in records)
+    assert result["methods"]["p_done"]["all tasks"]["successes"] == sum(item["success"] for item in listing)
+    assert_not_blank(screenshot(out / "eval.html", tmp_path / "eval.png"), min_colours=2, min_stddev=1.0)
+    assert "Which method ranks first" in dom_text(out / "eval.html")

@@ -41,6 +41,10 @@ QWEN_MODEL, PRIMO_MODEL = "Qwen2.5-VL-7B-Instruct", "PRIMO-R1-7B"
 # where the shipped backend's is the re-ask's (temperature 0.3, seed + 1).
 QWEN_ONE_ASK = "qwen_one_ask"
 QWEN_DIGIT = "qwen_digit"  # qwen_one_ask on a 0-9 template: one token per value (logprob scores)
+# qwen_one_ask on the shipped field methods' templates: TOPReward's P(done), RoboReward's 1-5
+QWEN_P_DONE, QWEN_ROBOREWARD = "qwen_p_done", "qwen_roboreward"
+QWEN_GVL = "qwen_gvl"  # GVL's one-call progress: layout shuffled_images, an image per frame on the Qwen replicas
+GVL_IMAGES = 9  # the reference frame and 8 shown frames: the Qwen replicas take this many images too
 # The tiny checkpoint served as a pooling model (`up` adds --runner pooling --convert embed).
 EMBED, EMBED_MODEL = "embed", "Qwen2.5-VL-embed"
 DIGIT_TEMPLATE = ("variables: {task_text: {}}\nuser: 'How far along is ${task_text}? Answer one digit from 0 to 9.'\n"
@@ -131,11 +135,11 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
     qwen.update(
         endpoints=[f"http://127.0.0.1:{ports['qwen_r0']}/v1", f"http://127.0.0.1:{ports['qwen_r1']}/v1"],
         max_model_len=MAX_MODEL_LEN,
-        launch=launch([
+        launch={**launch([
             # vLLM on the CPU ignores CUDA_VISIBLE_DEVICES: the GPU indices only feed the plan.
             {"gpus": [0], "port": ports["qwen_r0"], "env": {"VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["qwen_r0"]}},
             {"gpus": [1], "port": ports["qwen_r1"], "env": {"VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["qwen_r1"]}},
-        ]))
+        ]), "limit_mm_per_prompt": {"video": 1, "image": GVL_IMAGES}})  # QWEN_GVL's images too
     primo.update(
         endpoints=[f"http://127.0.0.1:{ports['primo']}/v1"],
         max_model_len=MAX_MODEL_LEN,
@@ -149,11 +153,18 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
     one_ask = {k: v for k, v in qwen.items() if k != "launch"}
     one_ask["retry"] = {**qwen["retry"], "parse_attempts": 1}
     digit = {**one_ask, "prompt": "scale_0_9", "score_mode": "auto"}
+    p_done = {**one_ask, "prompt": "topreward", "score_mode": "auto"}
+    gvl = {**one_ask, "prompt": "gvl", "score_mode": "auto", "layout": "shuffled_images",
+           "frames": {**one_ask["frames"], "nframes": GVL_IMAGES},
+           "sampling": {**one_ask["sampling"], "max_tokens": 256}}  # 8 lines of ~20 tokens
+    roboreward = {**one_ask, "prompt": "roboreward", "score_mode": "auto",
+                  "sampling": {**one_ask["sampling"], "max_tokens": 16}}  # RoboReward's own budget
     return {
         "proxy": {"host": "127.0.0.1", "port": ports["proxy"], "allowed_media_roots": [str(media_root)],
                   "prompts_dir": str(prompts_dir), "audit_log": str(audit_log),
                   "health_interval_s": 1.0},
-        "backends": {QWEN: qwen, PRIMO: primo, QWEN_ONE_ASK: one_ask, QWEN_DIGIT: digit, EMBED: embed},
+        "backends": {QWEN: qwen, PRIMO: primo, QWEN_ONE_ASK: one_ask, QWEN_DIGIT: digit, QWEN_P_DONE: p_done,
+                     QWEN_ROBOREWARD: roboreward, QWEN_GVL: gvl, EMBED: embed},
     }
 
 
@@ -394,8 +405,11 @@ def episode_source(source: str, count: int, height: int, width: int, media_root:
 
 def vision_tokens_of(layout: str, frames: dict) -> int:
     """Qwen2.5-VL's cost of what the proxy reports it sent (frames.count/size/still_size):
-    video ceil(T/2)*(H/28)*(W/28)+2, each image (H/28)*(W/28)+2 (PRIMO: first and last frame)."""
+    video ceil(T/2)*(H/28)*(W/28)+2, each image (H/28)*(W/28)+2 (PRIMO: first and last frame; the
+    image layouts: every frame)."""
     width, height = frames["size"]
+    if layout in ("images", "shuffled_images"):  # an image per frame
+        return frames["count"] * ((height // 28) * (width // 28) + 2)
     count = -(-frames["count"] // 2) * (height // 28) * (width // 28) + 2
     if layout == "primo_interleave":
         still_w, still_h = frames["still_size"]

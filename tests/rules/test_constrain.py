@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.answers.constraints import answer_regex
 from proxy.answers.parse import AnswerSpec, parse_score
+from proxy.answers.per_frame import parse_per_frame, shuffle_order
 from proxy.answers.scales import SCORE_MODES, Scale, scale_for_mode
 from proxy.errors import ScoreParseError
 from proxy.prompting.templates import PromptStore
@@ -17,7 +18,11 @@ from tests.helpers import PROMPTS_DIR
 
 STORE = PromptStore(PROMPTS_DIR)
 # the score templates (a comparison template has queries, not a user message)
-SHIPPED = sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml") if "user" in yaml.safe_load(p.read_text()))
+# (a probability answer is read from the logprobs, never constrained: tests/rules/test_prompts.py;
+# a per-frame answer's constraint depends on the frames shown: below)
+SHIPPED = sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml")
+                 if "user" in (doc := yaml.safe_load(p.read_text()))
+                 and not {"probability", "per_frame"} & set(doc["answer"]))
 EXTRA_SCALES = [Scale(0, 9), Scale(1, 10), Scale(0, 999)]
 
 
@@ -53,3 +58,19 @@ def test_wider_and_fractional_scales_bound_the_digits_and_leave_the_range_to_the
     assert answer_regex(wide) == r"\d{1,4}(\.\d{1,3})?"
     with pytest.raises(ScoreParseError, match="not one number on the 0-5000 scale"):
         parse_score("9999", wide, "auto", finish_reason="stop")  # allowed by the regex, refused, then re-asked
+
+
+@pytest.mark.parametrize("shown", [1, 3, 8])
+def test_every_reply_the_per_frame_constraint_allows_is_one_value_per_shown_frame(shown):
+    spec = STORE.get("gvl").answer
+    shuffle = shuffle_order(shown, seed=shown)
+
+    @given(reply=st.from_regex(answer_regex(spec, shown), fullmatch=True))
+    @settings(max_examples=40, deadline=None, database=None)
+    def check(reply):
+        in_time, by_number = parse_per_frame(reply, spec, shuffle, finish_reason="stop")
+        assert sorted(by_number) == list(range(1, shown + 1)) and all(0 <= p.score <= 1 for p in in_time)
+        # un-shuffled: the value written for shown number n lands at the time place order[n - 1]
+        assert all(in_time[shuffle.order[n - 1]].raw_score == by_number[n] for n in by_number)
+
+    check()

@@ -14,6 +14,7 @@ BARE_1_100 = AnswerSpec(tags=(), untagged=True, scale=Scale(1, 100))  # the seed
 SCORE_0_10 = AnswerSpec(tags=("score",), untagged=False, scale=Scale(0, 10))
 STARS_1_5 = AnswerSpec(tags=("answer",), untagged=False, scale=Scale(1, 5, zero=1))
 VERDICT = AnswerSpec(tags=("answer",), untagged=True, scale=BINARY)
+ROBOREWARD = AnswerSpec(tags=(), untagged=False, scale=Scale(1, 5, zero=1), label="ANSWER:")
 REASONING = ("<think><planning>3 steps, 100 cm</planning><observation>moved 12 cm, frame 7"
              "</observation><reasoning>2 of 3 done: 66</reasoning></think>")
 
@@ -41,6 +42,10 @@ SCORES = [
     ("<answer>yes</answer>", VERDICT, "auto", 1.0, "answer_tag"),
     ("No.", VERDICT, "auto", 0.0, "untagged"),
     ("<answer>1</answer>", VERDICT, "auto", 1.0, "answer_tag"),
+    ("ANSWER: 4", ROBOREWARD, "auto", 0.75, "label"),
+    ("ANSWER:1", ROBOREWARD, "auto", 0.0, "label"),
+    ("The bowl is on the plate, the gripper open.\nANSWER: 5\n", ROBOREWARD, "auto", 1.0, "label"),
+    ("<think>ANSWER: 1 at first</think>ANSWER: 3", ROBOREWARD, "auto", 0.5, "label"),  # reasoning is not the answer
 ]
 
 ERRORS = [
@@ -71,6 +76,11 @@ ERRORS = [
     ("<answer>0</answer>", STARS_1_5, "auto", "not one number"),
     ("No, I cannot see the video.", VERDICT, "auto", "not one number"),
     ("<answer>0.4</answer>", VERDICT, "auto", "not one number"),
+    ("4", ROBOREWARD, "auto", "no 'ANSWER:'"),
+    ("ANSWER: 6", ROBOREWARD, "auto", "not one number"),
+    ("ANSWER: 0", ROBOREWARD, "auto", "not one number"),
+    ("ANSWER: 4 (the bowl moved)", ROBOREWARD, "auto", "not one number"),
+    ("ANSWER: 2\nOn second thought, ANSWER: 4", ROBOREWARD, "auto", "2 lines hold 'ANSWER:'"),
 ]
 
 

@@ -118,3 +118,26 @@ async def test_on_the_event_loop_an_edit_is_read_by_a_worker_thread_never_by_the
     await store.settled()
     with pytest.raises(PromptTemplateError, match="not valid YAML"):  # a broken edit is still a clear error
         store.get("t")
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ("{probability: {affirmative: True, negative: False}}", "two different words"),  # YAML booleans, not words
+    ("{probability: {affirmative: 'True', negative: 'True'}}", "two different words"),
+    ("{probability: {affirmative: 'True'}}", "two different words"),
+    ("{probability: {affirmative: 'True', negative: 'False'}, tags: [answer]}", "tags mean nothing"),
+    ("{probability: {affirmative: 'True', negative: 'False'}, constrain: true}", "constrain mean nothing"),
+    ("{probability: {affirmative: 'True', negative: 'False'}, scale: binary}", "scale mean nothing"),
+    ("{label: 'ANSWER:', tags: [answer], scale: {min: 1, max: 5}}", "label must be"),
+    ("{label: '', scale: {min: 1, max: 5}}", "label must be"),
+])
+def test_a_probability_or_labelled_answer_is_declared_whole(tmp_path, answer, says):
+    _write(tmp_path / "t.yaml", f"variables: {{task_text: {{}}}}\nuser: 'is ${{task_text}} done?'\nanswer: {answer}\n")
+    with pytest.raises(PromptTemplateError, match=says):
+        PromptStore(tmp_path).get("t")
+
+
+def test_the_shipped_field_methods_declare_their_answers():
+    store = PromptStore(REPO / "prompts")
+    assert store.get("topreward").answer.probability == ("True", "False")
+    robo = store.get("roboreward").answer
+    assert robo.label == "ANSWER:" and (robo.scale.min, robo.scale.max, robo.scale.zero) == (1, 5, 1) and robo.constrain

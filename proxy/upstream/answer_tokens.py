@@ -1,0 +1,41 @@
+"""The ids of a probability answer's two words (proxy/answers/probability.py), as the server
+that will answer numbers them: its own POST /tokenize, once per endpoint, served model and word.
+
+Asked of the endpoint the chat call is about to use, inside that call's slot and retry policy, so a
+replica that cannot tokenize fails like one that cannot answer. A word must be ONE token: the
+answer is one token's probability, and "True" split in two would make P(first piece) the score.
+"""
+
+from __future__ import annotations
+
+from proxy.answers.probability import AnswerTokens
+from proxy.errors import PromptTemplateError
+from proxy.upstream.client import UpstreamClient
+from proxy.upstream.pool import Endpoint
+
+__all__ = ["AnswerTokenIds"]
+
+
+class AnswerTokenIds:
+    def __init__(self, upstream: UpstreamClient) -> None:
+        self.upstream = upstream
+        self._ids: dict[tuple[str, str, str], int] = {}  # (endpoint, served model, word) → its one token id
+
+    async def resolve(self, endpoint: Endpoint, model: str, words: tuple[str, str], *, timeout_s: float,
+                      api_key: str | None) -> AnswerTokens:
+        ids = [await self._one(endpoint, model, word, timeout_s, api_key) for word in words]
+        if ids[0] == ids[1]:
+            raise PromptTemplateError(f"the probability answer's words {words[0]!r} and {words[1]!r} are the same "
+                                      f"token ({ids[0]}) for model {model!r}")
+        return AnswerTokens(words[0], words[1], ids[0], ids[1])
+
+    async def _one(self, endpoint: Endpoint, model: str, word: str, timeout_s: float, api_key: str | None) -> int:
+        key = (endpoint.base_url, model, word)
+        if key not in self._ids:
+            tokens = await self.upstream.tokenize(endpoint, model, word, timeout_s=timeout_s, api_key=api_key)
+            if len(tokens) != 1:
+                raise PromptTemplateError(
+                    f"the probability answer's word {word!r} is {len(tokens)} tokens {tokens} for model {model!r} "
+                    f"at {endpoint.base_url}: its probability is one token's, so choose a word that is one token")
+            self._ids[key] = tokens[0]
+        return self._ids[key]

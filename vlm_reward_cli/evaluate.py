@@ -1,0 +1,241 @@
+"""`vlm-reward-proxy eval EPISODES --config FILE --backend A [--backend B ...] --out DIR`: score a set
+of episodes with known outcomes with each candidate reward (a backend: template, layout, estimator)
+and its negative controls, and write DIR/eval.html and DIR/eval.json: which method ranks first on
+what (the numbers: reports/method_eval.py).
+
+EPISODES is a directory holding `episodes.jsonl`, one line per episode:
+
+    {"file": "ep0001.mp4", "task_text": "put the bowl on the plate", "task_id": 3, "success": true}
+
+`file` (relative to the directory) is an MP4 or a T×H×W×3 uint8 `.npy`. Each episode is scored by
+each backend through the proxy's own pipeline (the app runs in this process, as for `replay`):
+ONE POST /score/dense per episode and backend gives the dense curve (`--points` prefixes, or one
+shuffled call on a GVL backend) and, as its last point, the episode's score. The controls are the
+same call on the episode reversed, its frames shuffled (seeded), and (for `instruction`) /score
+with another task's instruction. Episodes longer than MAX_FRAMES frames are sampled evenly down to
+it first (a curve and a score only ever see sampled frames). The app's audit log goes to
+DIR/audit.jsonl: `vlm-reward-proxy report` reads it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy.errors import ConfigError
+from vlm_protocol.frames import sample_indices
+from vlm_protocol.wire import DENSE_PATH, SCORE_PATH
+from vlm_reward_cli.progress import ProgressLine
+
+__all__ = ["Episode", "add_subcommand", "evaluate", "load_episodes"]
+
+MAX_FRAMES = 128
+CONTROLS = ("reversed", "shuffled", "instruction")
+
+
+@dataclass(frozen=True)
+class Episode:
+    index: int
+    file: Path
+    task_text: str
+    task_id: Any
+    success: bool
+
+
+def load_episodes(directory: Path) -> list[Episode]:
+    listing = directory / "episodes.jsonl"
+    if not listing.is_file():
+        raise ConfigError(f"{listing} does not exist: an episodes directory lists its episodes there, one JSON "
+                          'line each: {"file": ..., "task_text": ..., "task_id": ..., "success": true|false}')
+    episodes = []
+    for number, line in enumerate(listing.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            file, task, success = item["file"], item["task_text"], item["success"]
+            if not (isinstance(file, str) and isinstance(task, str) and task.strip() and isinstance(success, bool)):
+                raise TypeError("file and task_text must be strings, success true or false")
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{listing}:{number}: {type(err).__name__}: {err}") from None
+        path = (directory / file).resolve()
+        if not path.is_relative_to(directory.resolve()) or not path.is_file():
+            raise ConfigError(f"{listing}:{number}: {file!r} is not a file inside {directory}")
+        episodes.append(Episode(len(episodes), path, task, item.get("task_id", task), success))
+    if not episodes:
+        raise ConfigError(f"{listing} lists no episode")
+    return episodes
+
+
+def read_frames(path: Path) -> Any:
+    """The episode's frames, T×H×W×3 uint8 RGB, sampled evenly down to MAX_FRAMES."""
+    import numpy as np
+
+    if path.suffix == ".npy":
+        frames = np.load(path, allow_pickle=False)
+    else:
+        import cv2
+
+        capture, frames = cv2.VideoCapture(str(path)), []
+        try:
+            while True:
+                ok, bgr = capture.read()
+                if not ok:
+                    break
+                frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+        finally:
+            capture.release()
+        frames = np.stack(frames) if frames else np.empty((0, 0, 0, 3), np.uint8)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 2:
+        raise ConfigError(f"{path}: expected at least 2 frames, T×H×W×3 uint8 RGB; got {frames.dtype} {frames.shape}")
+    return frames[sample_indices(len(frames), MAX_FRAMES)] if len(frames) > MAX_FRAMES else frames
+
+
+def _npy_b64(frames: Any) -> str:
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(frames), allow_pickle=False)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _variants(episode: Episode, frames: Any, episodes: list[Episode], controls: tuple[str, ...], seed: int
+              ) -> list[tuple[str | None, str, Any]]:
+    """(control or None, task text, frames) to score for one episode."""
+    out: list[tuple[str | None, str, Any]] = [(None, episode.task_text, frames)]
+    if "reversed" in controls:
+        out.append(("reversed", episode.task_text, frames[::-1]))
+    if "shuffled" in controls:
+        order = list(range(len(frames)))
+        random.Random(seed * 1_000_003 + episode.index).shuffle(order)
+        out.append(("shuffled", episode.task_text, frames[order]))
+    others = sorted({e.task_text for e in episodes} - {episode.task_text})
+    if "instruction" in controls and others:
+        out.append(("instruction", others[episode.index % len(others)], frames))
+    return out
+
+
+async def evaluate(settings: Any, episodes: list[Episode], backends: list[str], *, points: int,
+                   controls: tuple[str, ...], concurrency: int, seed: int = 0, progress=None) -> list[dict[str, Any]]:
+    """One record per (episode, backend, control): score, curve, cost, or the error."""
+    import httpx
+
+    from proxy.http.app import create_app
+
+    app = create_app(settings)
+    records: list[dict[str, Any]] = []
+    slots = asyncio.Semaphore(concurrency)
+    key = settings.proxy_api_key()
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+
+    async def one(http: httpx.AsyncClient, episode: Episode, backend: str, control: str | None, task: str,
+                  frames_b64: str) -> None:
+        record: dict[str, Any] = {"episode": episode.index, "file": episode.file.name, "task_id": episode.task_id,
+                                  "success": episode.success, "method": backend, "control": control}
+        metadata = {"run": f"eval:{control or 'episode'}", "episode_id": episode.index,
+                    "task_id": str(episode.task_id)[:256], **({"env_success": episode.success} if not control else {})}
+        body: dict[str, Any] = {"task_text": task, "backend": backend, "frames_npy": frames_b64, "metadata": metadata}
+        dense = control != "instruction"  # another instruction changes the score; its curve is not the question
+        started = time.perf_counter()
+        async with slots:
+            try:
+                answer = await http.post(DENSE_PATH if dense else SCORE_PATH,
+                                         json={**body, "points": points} if dense else body)
+                result = answer.json()
+            except (httpx.HTTPError, ValueError) as err:
+                answer, result = None, {"error": {"code": type(err).__name__}}
+        seconds = time.perf_counter() - started
+        if answer is None or answer.status_code != 200:
+            record["error"] = (result.get("error") or {}).get("code", f"http_{getattr(answer, 'status_code', 0)}")
+        else:
+            usage = result.get("usage") or {}
+            record.update(score=result["curve"][-1]["score"] if dense else result["score"],
+                          curve=[p["score"] for p in result["curve"]] if dense else None,
+                          curve_method=result.get("method"),
+                          cost={"calls": result["attempts"], "prompt_tokens": usage.get("prompt_tokens", 0),
+                                "completion_tokens": usage.get("completion_tokens", 0), "seconds": seconds})
+        records.append(record)
+        if progress:
+            progress(len(records))
+
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://eval", timeout=None, headers=headers) as http:
+        for episode in episodes:
+            frames = await asyncio.to_thread(read_frames, episode.file)
+            calls = []
+            for control, task, variant in _variants(episode, frames, episodes, controls, seed):
+                frames_b64 = await asyncio.to_thread(_npy_b64, variant)
+                calls += [one(http, episode, backend, control, task, frames_b64) for backend in backends]
+            await asyncio.gather(*calls)  # one episode's frames in memory at a time
+    return sorted(records, key=lambda r: (r["episode"], r["method"], r["control"] or ""))
+
+
+def _settings(config: Path, backends: list[str], out: Path) -> tuple[Any, list[str]]:
+    from proxy.config import read_config, settings_from_dict
+
+    data = read_config(config)
+    known = data.get("backends") or {}
+    names = []
+    for backend in backends:
+        name = next((n for n, cfg in known.items() if backend == n or backend in (cfg or {}).get("aliases", [])), None)
+        if name is None:
+            raise ConfigError(f"--backend {backend!r} is not in {config} (backends: {', '.join(known)})")
+        names.append(name)
+    proxy = data.setdefault("proxy", {})
+    proxy["audit_log"] = str((out / "audit.jsonl").resolve())
+    return settings_from_dict(data, base_dir=config.parent.resolve(), source=str(config)), names
+
+
+def _run(args: argparse.Namespace) -> int:
+    from reports.method_eval import method_numbers, rank, render_eval
+
+    directory, out = Path(args.episodes), Path(args.out)
+    episodes = load_episodes(directory)[: args.limit]
+    controls = tuple(c for c in args.controls.split(",") if c) if args.controls != "none" else ()
+    unknown = sorted(set(controls) - set(CONTROLS))
+    if unknown:
+        raise ConfigError(f"--controls: unknown {', '.join(unknown)}; choose from {', '.join(CONTROLS)} or none")
+    out.mkdir(parents=True, exist_ok=True)
+    settings, backends = _settings(Path(args.config), args.backend, out)
+    total = len(episodes) * len(backends) * (1 + len(controls))
+    records = asyncio.run(evaluate(settings, episodes, backends, points=args.points, controls=controls,
+                                   concurrency=args.concurrency, seed=args.seed,
+                                   progress=ProgressLine("eval", total)))
+    numbers = method_numbers(records)
+    result = {"episodes_source": str(directory), "episodes": len(episodes),
+              "successes": sum(e.success for e in episodes), "points": args.points, "controls": list(controls),
+              "methods": numbers, "ranks_first": rank(numbers), "records": records}
+    (out / "eval.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    page = render_eval(out, result)
+    failed = sum(1 for r in records if r.get("error"))
+    print(f"\neval: {len(episodes)} episodes × {len(backends)} method(s), {len(records)} calls' records, "
+          f"{failed} failed; {page}")
+    for key, method in result["ranks_first"].items():
+        print(f"  first on {key}: {method or '—'}")
+    return 0 if not failed else 1
+
+
+def add_subcommand(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "eval", help="compare candidate rewards on episodes with known outcomes (AUC, VOC, controls, cost)",
+        description=__doc__.split("\n\n")[0])
+    parser.add_argument("episodes", metavar="EPISODES_DIR", help="a directory with episodes.jsonl and the files")
+    parser.add_argument("--config", required=True, metavar="FILE", help="proxy config (backends, prompts)")
+    parser.add_argument("--backend", action="append", required=True,
+                        help="a backend (name or alias) to evaluate (repeatable: one per method)")
+    parser.add_argument("--points", type=int, default=8, help="points per dense curve (default 8)")
+    parser.add_argument("--controls", default=",".join(CONTROLS),
+                        help=f"comma-separated, of {', '.join(CONTROLS)}; or none (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="the shuffled control's seed (default 0)")
+    parser.add_argument("--limit", type=int, help="evaluate at most this many episodes")
+    parser.add_argument("--concurrency", type=int, default=8, help="calls in flight (default 8)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where eval.html, eval.json, audit.jsonl go")
+    parser.set_defaults(func=_run)
