@@ -3,7 +3,9 @@ of episodes with known outcomes with each candidate reward (a backend: template,
 and its negative controls, and write DIR/eval.html and DIR/eval.json: which method ranks first on
 what (the numbers: reports/method_eval.py).
 
-EPISODES is a directory holding `episodes.jsonl`, one line per episode:
+EPISODES is a directory holding `episodes.jsonl`, one line per episode (or `--audit AUDIT.jsonl
+--frame-store DIR`: a run's own scored episodes that carry metadata.env_success, their frames the
+JPEGs vLLM received):
 
     {"file": "ep0001.mp4", "task_text": "put the bowl on the plate", "task_id": 3, "success": true}
 
@@ -38,16 +40,21 @@ from vlm_reward_cli.progress import ProgressLine
 __all__ = ["Episode", "add_subcommand", "evaluate", "load_episodes"]
 
 MAX_FRAMES = 128
+MAX_READ = 4096  # frames of a video whose header gives no count (all are read, then sampled)
 CONTROLS = ("reversed", "shuffled", "instruction")
 
 
 @dataclass(frozen=True)
 class Episode:
     index: int
-    file: Path
+    file: Path | tuple[Path, ...]  # an MP4 or .npy, or the stored JPEGs of an audit line, in order
     task_text: str
     task_id: Any
     success: bool
+
+    @property
+    def name(self) -> str:
+        return self.file.name if isinstance(self.file, Path) else f"audit line {self.index}"
 
 
 def load_episodes(directory: Path) -> list[Episode]:
@@ -75,28 +82,72 @@ def load_episodes(directory: Path) -> list[Episode]:
     return episodes
 
 
-def read_frames(path: Path) -> Any:
+def audit_episodes(audit: Path, store: Path, limit: int | None = None) -> list[Episode]:
+    """The scored episodes of an audit log that carry env_success, with their frames in the frame
+    store (the JPEGs vLLM received): a training run's own episodes as an eval set."""
+    from reports.audit_lines import audit_records
+    from vlm_protocol.frame_store import frame_path
+
+    episodes: list[Episode] = []
+    for _number, line, _why in audit_records(audit):
+        if limit is not None and len(episodes) >= limit:
+            break
+        if not line or line.get("kind", "score") != "score" or "score" not in line:
+            continue
+        metadata, hashes = line.get("metadata") or {}, (line.get("frames") or {}).get("sha256") or []
+        if not isinstance(metadata.get("env_success"), bool) or len(hashes) < 2 or not line.get("task_text"):
+            continue
+        try:
+            paths = tuple(frame_path(store, digest) for digest in hashes)
+        except ValueError:
+            continue
+        if all(path.is_file() for path in paths):
+            episodes.append(Episode(len(episodes), paths, line["task_text"],
+                                    metadata.get("task_id", line["task_text"]), metadata["env_success"]))
+    if not episodes:
+        raise ConfigError(f"{audit}: no scored episode with metadata.env_success whose frames are in {store}")
+    return episodes
+
+
+def read_frames(path: Path | tuple[Path, ...]) -> Any:
     """The episode's frames, T×H×W×3 uint8 RGB, sampled evenly down to MAX_FRAMES."""
     import numpy as np
 
-    if path.suffix == ".npy":
-        frames = np.load(path, allow_pickle=False)
+    if isinstance(path, tuple):  # stored JPEGs
+        import cv2
+
+        decoded = [cv2.imdecode(np.frombuffer(p.read_bytes(), np.uint8), cv2.IMREAD_COLOR) for p in path]
+        if any(image is None for image in decoded) or len({image.shape for image in decoded}) != 1:
+            raise ConfigError(f"stored frames {path[0].parent}/...: not JPEGs of one size")
+        frames = np.stack([cv2.cvtColor(image, cv2.COLOR_BGR2RGB) for image in decoded])
+    elif path.suffix == ".npy":
+        frames = np.load(path, mmap_mode="r", allow_pickle=False)  # only the frames kept are read
     else:
         import cv2
 
         capture, frames = cv2.VideoCapture(str(path)), []
         try:
+            # only the frames kept are held: a long video never sits whole in memory
+            count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+            keep = set(sample_indices(count, MAX_FRAMES)) if count > MAX_FRAMES else None
+            index = 0
             while True:
                 ok, bgr = capture.read()
                 if not ok:
                     break
-                frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+                if keep is None or index in keep:
+                    frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+                index += 1
+                if keep is None and len(frames) > MAX_READ:
+                    raise ConfigError(f"{path}: more than {MAX_READ} frames and no frame count in its header")
         finally:
             capture.release()
         frames = np.stack(frames) if frames else np.empty((0, 0, 0, 3), np.uint8)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) < 2:
-        raise ConfigError(f"{path}: expected at least 2 frames, T×H×W×3 uint8 RGB; got {frames.dtype} {frames.shape}")
-    return frames[sample_indices(len(frames), MAX_FRAMES)] if len(frames) > MAX_FRAMES else frames
+        where = path if isinstance(path, Path) else path[0].parent
+        raise ConfigError(f"{where}: expected at least 2 frames, T×H×W×3 uint8 RGB; got {frames.dtype} {frames.shape}")
+    return np.ascontiguousarray(frames[sample_indices(len(frames), MAX_FRAMES)] if len(frames) > MAX_FRAMES
+                                else frames)
 
 
 def _npy_b64(frames: Any) -> str:
@@ -138,7 +189,7 @@ async def evaluate(settings: Any, episodes: list[Episode], backends: list[str], 
 
     async def one(http: httpx.AsyncClient, episode: Episode, backend: str, control: str | None, task: str,
                   frames_b64: str) -> None:
-        record: dict[str, Any] = {"episode": episode.index, "file": episode.file.name, "task_id": episode.task_id,
+        record: dict[str, Any] = {"episode": episode.index, "file": episode.name, "task_id": episode.task_id,
                                   "success": episode.success, "method": backend, "control": control}
         metadata = {"run": f"eval:{control or 'episode'}", "episode_id": episode.index,
                     "task_id": str(episode.task_id)[:256], **({"env_success": episode.success} if not control else {})}
@@ -197,8 +248,15 @@ def _settings(config: Path, backends: list[str], out: Path) -> tuple[Any, list[s
 def _run(args: argparse.Namespace) -> int:
     from reports.method_eval import method_numbers, rank, render_eval
 
-    directory, out = Path(args.episodes), Path(args.out)
-    episodes = load_episodes(directory)[: args.limit]
+    out = Path(args.out)
+    if (args.episodes is None) == (args.audit is None) or (args.audit is None) != (args.frame_store is None):
+        raise ConfigError("give an episodes directory, or --audit AUDIT.jsonl with --frame-store DIR")
+    if args.audit is not None:
+        source = f"{args.audit} (frames from {args.frame_store})"
+        episodes = audit_episodes(Path(args.audit), Path(args.frame_store), args.limit)
+    else:
+        source = args.episodes
+        episodes = load_episodes(Path(args.episodes))[: args.limit]
     controls = tuple(c for c in args.controls.split(",") if c) if args.controls != "none" else ()
     unknown = sorted(set(controls) - set(CONTROLS))
     if unknown:
@@ -210,7 +268,7 @@ def _run(args: argparse.Namespace) -> int:
                                    concurrency=args.concurrency, seed=args.seed,
                                    progress=ProgressLine("eval", total)))
     numbers = method_numbers(records)
-    result = {"episodes_source": str(directory), "episodes": len(episodes),
+    result = {"episodes_source": source, "episodes": len(episodes),
               "successes": sum(e.success for e in episodes), "points": args.points, "controls": list(controls),
               "methods": numbers, "ranks_first": rank(numbers), "records": records}
     (out / "eval.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
@@ -227,7 +285,11 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "eval", help="compare candidate rewards on episodes with known outcomes (AUC, VOC, controls, cost)",
         description=__doc__.split("\n\n")[0])
-    parser.add_argument("episodes", metavar="EPISODES_DIR", help="a directory with episodes.jsonl and the files")
+    parser.add_argument("episodes", metavar="EPISODES_DIR", nargs="?",
+                        help="a directory with episodes.jsonl and the files (or --audit with --frame-store)")
+    parser.add_argument("--audit", metavar="AUDIT.jsonl", help="take the episodes of an audit log that carry "
+                        "metadata.env_success, their frames from --frame-store (the JPEGs vLLM received)")
+    parser.add_argument("--frame-store", metavar="DIR", help="the frame store of --audit")
     parser.add_argument("--config", required=True, metavar="FILE", help="proxy config (backends, prompts)")
     parser.add_argument("--backend", action="append", required=True,
                         help="a backend (name or alias) to evaluate (repeatable: one per method)")

@@ -35,8 +35,11 @@ def _backend_kwargs_schema(settings: Settings, prompts: PromptStore) -> dict[str
         samples={"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES},
         quorum={"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES}, reduce={"enum": list(REDUCTIONS)})
     for backend in _chat(settings).values():
-        for variable in prompts.get(backend.prompt).variable_names - {"task_text"}:
+        template = prompts.get(backend.prompt)
+        for variable in template.variable_names - {"task_text"}:
             properties[variable] = {"type": "string"}
+        if template.answer.per_frame:  # GVL: the shown order's seed (proxy/prompting/request.py)
+            properties["shuffle_seed"] = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
     return {"type": "object", "properties": properties, "additionalProperties": False,
             "not": {"required": ["user_prompt", "prompt_template"]},  # each replaces the whole user text
             "anyOf": _estimate_combinations(),

@@ -209,7 +209,7 @@ class Scorer:
             key: hashlib.sha256(text.encode()).hexdigest() for key, text in resolved.prompt_overrides.items()})
         per_frame = resolved.answer.per_frame
         slots = {"first_frame": FIRST_FRAME_SLOT, "frames": FRAMES_SLOT} if per_frame else {}
-        system, user_text = template.render({"task_text": request.task_text, **resolved.variables, **slots})
+        system, user_text = template.render({"task_text": request.task_text, **resolved.variables}, slots)
         system, user_text = apply_seed_overrides(system, user_text, request.task_text, resolved.prompt_overrides)
 
         frames, fps, trace.frames, trace.frame_store = await self.load_episode(

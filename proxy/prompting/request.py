@@ -16,7 +16,7 @@ from proxy.config import BackendConfig, ProxySettings, SamplingConfig
 from proxy.errors import FrameRulesChanged, InvalidRequest, PromptTemplateError
 from proxy.media.encode import EncodedFrames, FrameLimits
 from proxy.prompting.layouts import layout_has_stills
-from proxy.prompting.templates import MEDIA_SLOTS, SEED_PROMPT_KWARGS, PromptTemplate
+from proxy.prompting.templates import SEED_PROMPT_KWARGS, PromptTemplate
 from proxy.schemas import ScoreRequest
 from vlm_protocol.frame_rules import FrameRules
 
@@ -78,7 +78,7 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
                                      f"{proxy.max_prompt_chars} characters (proxy.max_prompt_chars)",
                                      field=f"backend_kwargs.{key}")
             prompt_overrides[key] = value
-        elif key in template_vars and key != "task_text" and key not in MEDIA_SLOTS:
+        elif key in template_vars and key != "task_text":
             variables[key] = value
         else:
             raise InvalidRequest(

@@ -59,13 +59,17 @@ class PromptTemplate:
     user: str
     variables: dict[str, Any]  # name -> default, or _REQUIRED
     answer: AnswerSpec
+    slots: frozenset[str] = frozenset()  # MEDIA_SLOTS a per_frame template's user text holds (not variables)
 
     @property
     def variable_names(self) -> set[str]:
         return set(self.variables)
 
-    def render(self, values: dict[str, Any]) -> tuple[str | None, str]:
-        """(system, user) with every variable filled; a missing required one is a 422."""
+    def render(self, values: dict[str, Any], slots: dict[str, str] | None = None) -> tuple[str | None, str]:
+        """(system, user) with every variable filled; a missing required one is a 422. `slots`: the
+        layout's markers for the MEDIA_SLOTS of the user text (never a caller's value)."""
+        if self.slots and set(slots or {}) != self.slots:
+            raise ValueError(f"prompt {self.name!r} places pictures at {sorted(self.slots)}: the layout fills them")
         merged: dict[str, Any] = {}
         for name, default in self.variables.items():
             if name in values:
@@ -77,7 +81,7 @@ class PromptTemplate:
             else:
                 merged[name] = str(default)
         system = Template(self.system).substitute(merged).strip() if self.system else None
-        return system or None, Template(self.user).substitute(merged).strip()
+        return system or None, Template(self.user).substitute({**merged, **(slots or {})}).strip()
 
 
 def parse_template(name: str, raw: bytes) -> PromptTemplate:
@@ -117,15 +121,14 @@ def parse_template(name: str, raw: bytes) -> PromptTemplate:
         if undeclared:
             raise PromptTemplateError(
                 f"prompt {name!r}: {part_name} uses undeclared variable(s) {sorted(undeclared)}")
-    if slots:  # the layout puts the pictures where the user text names them
-        if "frames" not in Template(user).get_identifiers() or slots & set(variables):
-            raise PromptTemplateError(f"prompt {name!r}: a per_frame answer's user text places the shown frames with "
-                                      "${frames} (and the reference frame with ${first_frame}); neither is declared "
-                                      "as a variable")
-        variables.update(dict.fromkeys(slots, _REQUIRED))
+    # the layout puts the pictures where the user text names them
+    if slots and ("frames" not in Template(user).get_identifiers() or slots & set(variables)):
+        raise PromptTemplateError(f"prompt {name!r}: a per_frame answer's user text places the shown frames with "
+                                  "${frames} (and the reference frame with ${first_frame}); neither is declared "
+                                  "as a variable")
     return PromptTemplate(
         name=name, sha256=hashlib.sha256(raw).hexdigest(), description=str(doc.get("description", "")),
-        system=system, user=user, variables=variables, answer=answer,
+        system=system, user=user, variables=variables, answer=answer, slots=frozenset(slots),
     )
 
 

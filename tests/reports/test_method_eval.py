@@ -81,7 +81,7 @@ def fakes():
             fake.stop()
 
 
-def _config(path: Path, fakes: dict) -> Path:
+def _config(path: Path, fakes: dict, **proxy: object) -> Path:
     retry = {"attempts": 2, "parse_attempts": 1, "backoff_s": [0.01, 0.05], "timeout_s": 10, "deadline_s": 30}
     base = {"model": QWEN_MODEL, "layout": "qwen_video", "score_mode": "auto", "retry": retry,
             "sampling": {"temperature": 0.0, "max_tokens": 64}, "frames": {"nframes": 8, "max_pixels": 50176}}
@@ -91,8 +91,8 @@ def _config(path: Path, fakes: dict) -> Path:
         "gvl": {**base, "endpoints": [fakes["gvl"].base_url], "prompt": "gvl", "layout": "shuffled_images",
                 "frames": {"nframes": 9, "max_pixels": 50176}, "sampling": {"temperature": 0.0, "max_tokens": 512}},
     }
-    path.write_text(yaml.safe_dump({"proxy": {"prompts_dir": str(PROMPTS_DIR), "allowed_media_roots": [str(path.parent)]},
-                                    "backends": backends}))
+    settings = {"prompts_dir": str(PROMPTS_DIR), "allowed_media_roots": [str(path.parent)], **proxy}
+    path.write_text(yaml.safe_dump({"proxy": settings, "backends": backends}))
     return path
 
 
@@ -152,6 +152,27 @@ def test_the_eval_page_reads_in_a_browser(fakes, tmp_path):
     numbers = json.loads((out / "eval.json").read_text())["methods"]
     assert "Which method ranks first" in text and "p_done" in text and "gvl" in text
     assert f"{numbers['gvl']['all tasks']['voc_reversed']:.3f}" in text
+
+
+def test_eval_takes_a_runs_own_episodes_from_its_audit_log_and_frame_store(fakes, tmp_path):
+    """A first eval (GVL: an episode is one score line) writes an audit log with env_success and a
+    frame store; a second eval takes those episodes (the JPEGs vLLM received) for another method."""
+    from vlm_reward_cli import main
+
+    store = tmp_path / "frames"
+    config = _config(tmp_path / "proxy.yaml", fakes, frame_store={"dir": str(store), "max_mb": 64})
+    first = tmp_path / "first"
+    assert main(["eval", str(_episodes_dir(tmp_path / "episodes")), "--config", str(config), "--backend", "gvl",
+                 "--points", "4", "--controls", "reversed", "--out", str(first)]) == 0
+    second = tmp_path / "second"
+    assert main(["eval", "--audit", str(first / "audit.jsonl"), "--frame-store", str(store), "--config",
+                 str(config), "--backend", "p_done", "--points", "3", "--controls", "reversed",
+                 "--out", str(second)]) == 0
+    result = json.loads((second / "eval.json").read_text())
+    # the 6 episodes' score lines (the reversed controls carry no env_success: not episodes)
+    assert (result["episodes"], result["successes"]) == (6, 3)
+    numbers = result["methods"]["p_done"]["all tasks"]
+    assert numbers["auc"] == 1.0 and numbers["voc"] > 0.9 and numbers["voc_reversed"] < -0.9
 
 
 @pytest.mark.parametrize(("listing", "says"), [

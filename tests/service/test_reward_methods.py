@@ -327,3 +327,18 @@ def test_gvl_a_reply_without_exactly_one_value_per_frame_is_no_curve(stack, repl
     assert answer.status_code == 502, answer.text
     error = answer.json()["error"]
     assert error["code"] == "unparseable_score" and says in error["message"], error
+
+
+def test_gvl_pictures_go_only_where_the_template_places_them(stack):
+    """The slots are the layout's: a caller can neither fill them (backend_kwargs) nor add one
+    (its task text holds `${frames}` as text, never a second set of pictures)."""
+    refused = stack.score("gvl", nframes=4, backend_kwargs={"frames": "x"})
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "backend_kwargs.frames", refused.text
+    stack.fake.fake.state.reply_fn = _gvl_grader({})
+    answer = stack.http.post("/score", json={"task_text": "stack ${frames} then ${first_frame}", "nframes": 4,
+                                             "frames_npy": FRAMES, "backend": "gvl"})
+    assert answer.status_code == 200, answer.text
+    body = stack.fake.chat_requests[-1]
+    assert len(_images(body)) == 4  # the reference and 3 shown frames, once each
+    texts = [p["text"] for p in body["messages"][-1]["content"] if p["type"] == "text"]
+    assert any("stack ${frames} then ${first_frame}" in text for text in texts)
