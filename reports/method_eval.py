@@ -54,7 +54,7 @@ def _numbers(records: list[dict[str, Any]]) -> dict[str, Any]:
     drops = [by_episode[r["episode"]]["score"] - r["score"] for r in records
              if r["control"] == "instruction" and r.get("score") is not None
              and by_episode.get(r["episode"], {}).get("success")]
-    spent = [r for r in records if r.get("cost")]
+    spent = [r for r in records if r.get("cost")]  # failed calls' seconds included
     episodes = max(len(original), 1)
     return {
         "episodes": len(original), "scored": len(scored), "failed": len(original) - len(scored),
@@ -68,7 +68,7 @@ def _numbers(records: list[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens_per_episode": sum(r["cost"]["prompt_tokens"] for r in spent) / episodes,
         "completion_tokens_per_episode": sum(r["cost"]["completion_tokens"] for r in spent) / episodes,
         "seconds_per_episode": sum(r["cost"]["seconds"] for r in spent) / episodes,
-        "errors": sorted({r["error"] for r in records if r.get("error")}),
+        "errors": sorted({r["error"] for r in records if r.get("error")}),  # any: the method is not ranked
     }
 
 
@@ -84,10 +84,12 @@ def method_numbers(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[st
 
 
 def rank(numbers: dict[str, dict[str, dict[str, Any]]], task: str = ALL_TASKS) -> dict[str, str | None]:
-    """number → the method that is best on it (None when no method has it)."""
+    """number → the method that is best on it (None when no method has it). A method with a failed
+    call is not ranked: its numbers rest on the episodes it could score, and failing is not cheap."""
     best: dict[str, str | None] = {}
     for key, higher in RANKED.items():
-        have = [(n[task][key], m) for m, n in numbers.items() if task in n and n[task][key] is not None]
+        have = [(n[task][key], m) for m, n in numbers.items()
+                if task in n and n[task][key] is not None and not n[task]["errors"]]
         best[key] = (max(have) if higher else min(have))[1] if have else None
     return best
 
@@ -129,5 +131,6 @@ def render_eval(out: Path, result: dict[str, Any]) -> Path:
             "the frames.</li>"
             "<li><b>instruction drop</b>: how much a success's score falls under another task's instruction "
             "(above 0: the model reads the instruction).</li>"
-            "<li><b>cost</b>: upstream calls, prompt tokens and seconds per episode, controls included.</li></ul>")
+            "<li><b>cost</b>: upstream calls, prompt tokens and seconds per episode, controls included.</li>"
+            "<li>A method with a failed call is not ranked (★): its numbers rest on the episodes it scored.</li></ul>")
     return write_page(out / "eval.html", "Reward methods", body)

@@ -13,10 +13,11 @@ JPEGs vLLM received):
 each backend through the proxy's own pipeline (the app runs in this process, as for `replay`):
 ONE POST /score/dense per episode and backend gives the dense curve (`--points` prefixes, or one
 shuffled call on a GVL backend) and, as its last point, the episode's score. The controls are the
-same call on the episode reversed, its frames shuffled (seeded), and (for `instruction`) /score
-with another task's instruction. Episodes longer than MAX_FRAMES frames are sampled evenly down to
-it first (a curve and a score only ever see sampled frames). The app's audit log goes to
-DIR/audit.jsonl: `vlm-reward-proxy report` reads it too.
+same call on the episode reversed, its frames shuffled (seeded), and with another task's
+instruction. Episodes longer than MAX_FRAMES frames are sampled evenly down to it first (a curve
+and a score only ever see sampled frames), and frames larger than the backends' largest
+`frames.max_pixels` are scaled down to it (they resize to it anyway; the body cap stays far).
+The app's audit log goes to DIR/audit.jsonl: `vlm-reward-proxy report` reads it too.
 """
 
 from __future__ import annotations
@@ -26,22 +27,22 @@ import asyncio
 import base64
 import io
 import json
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proxy.answers.per_frame import shuffle_order
 from proxy.errors import ConfigError
+from reports.method_eval import CONTROLS
 from vlm_protocol.frames import sample_indices
-from vlm_protocol.wire import DENSE_PATH, SCORE_PATH
+from vlm_protocol.wire import DENSE_PATH
 from vlm_reward_cli.progress import ProgressLine
 
 __all__ = ["Episode", "add_subcommand", "evaluate", "load_episodes"]
 
 MAX_FRAMES = 128
 MAX_READ = 4096  # frames of a video whose header gives no count (all are read, then sampled)
-CONTROLS = ("reversed", "shuffled", "instruction")
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,20 @@ def read_frames(path: Path | tuple[Path, ...]) -> Any:
                                 else frames)
 
 
+def fit_pixels(frames: Any, max_pixels: int) -> Any:
+    """The frames scaled down (INTER_AREA) to at most `max_pixels` each: the backends resize to their
+    own budget anyway, and a full-resolution episode would pass the body cap (proxy.max_body_mb)."""
+    height, width = frames.shape[1:3]
+    if height * width <= max_pixels:
+        return frames
+    import cv2
+    import numpy as np
+
+    scale = (max_pixels / (height * width)) ** 0.5
+    size = (max(1, int(width * scale)), max(1, int(height * scale)))
+    return np.stack([cv2.resize(frame, size, interpolation=cv2.INTER_AREA) for frame in frames])
+
+
 def _npy_b64(frames: Any) -> str:
     import numpy as np
 
@@ -165,9 +180,8 @@ def _variants(episode: Episode, frames: Any, episodes: list[Episode], controls: 
     if "reversed" in controls:
         out.append(("reversed", episode.task_text, frames[::-1]))
     if "shuffled" in controls:
-        order = list(range(len(frames)))
-        random.Random(seed * 1_000_003 + episode.index).shuffle(order)
-        out.append(("shuffled", episode.task_text, frames[order]))
+        order = shuffle_order(len(frames), seed * 1_000_003 + episode.index).order
+        out.append(("shuffled", episode.task_text, frames[list(order)]))
     others = sorted({e.task_text for e in episodes} - {episode.task_text})
     if "instruction" in controls and others:
         out.append(("instruction", others[episode.index % len(others)], frames))
@@ -193,34 +207,36 @@ async def evaluate(settings: Any, episodes: list[Episode], backends: list[str], 
                                   "success": episode.success, "method": backend, "control": control}
         metadata = {"run": f"eval:{control or 'episode'}", "episode_id": episode.index,
                     "task_id": str(episode.task_id)[:256], **({"env_success": episode.success} if not control else {})}
-        body: dict[str, Any] = {"task_text": task, "backend": backend, "frames_npy": frames_b64, "metadata": metadata}
-        dense = control != "instruction"  # another instruction changes the score; its curve is not the question
+        # every variant is the original's call (a GVL backend shows the same frames), only what it shows changes
+        body: dict[str, Any] = {"task_text": task, "backend": backend, "frames_npy": frames_b64, "metadata": metadata,
+                                "points": points}
         started = time.perf_counter()
         async with slots:
             try:
-                answer = await http.post(DENSE_PATH if dense else SCORE_PATH,
-                                         json={**body, "points": points} if dense else body)
+                answer = await http.post(DENSE_PATH, json=body)
                 result = answer.json()
             except (httpx.HTTPError, ValueError) as err:
                 answer, result = None, {"error": {"code": type(err).__name__}}
         seconds = time.perf_counter() - started
+        record["cost"] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": seconds}
         if answer is None or answer.status_code != 200:
             record["error"] = (result.get("error") or {}).get("code", f"http_{getattr(answer, 'status_code', 0)}")
         else:
             usage = result.get("usage") or {}
-            record.update(score=result["curve"][-1]["score"] if dense else result["score"],
-                          curve=[p["score"] for p in result["curve"]] if dense else None,
+            record.update(score=result["curve"][-1]["score"], curve=[p["score"] for p in result["curve"]],
                           curve_method=result.get("method"),
                           cost={"calls": result["attempts"], "prompt_tokens": usage.get("prompt_tokens", 0),
                                 "completion_tokens": usage.get("completion_tokens", 0), "seconds": seconds})
+        # (a failed call's seconds count too: a method that fails is not cheaper for it)
         records.append(record)
         if progress:
             progress(len(records))
 
+    max_pixels = max(settings.backends[b].frames.max_pixels for b in backends)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://eval", timeout=None, headers=headers) as http:
         for episode in episodes:
-            frames = await asyncio.to_thread(read_frames, episode.file)
+            frames = await asyncio.to_thread(fit_pixels, await asyncio.to_thread(read_frames, episode.file), max_pixels)
             calls = []
             for control, task, variant in _variants(episode, frames, episodes, controls, seed):
                 frames_b64 = await asyncio.to_thread(_npy_b64, variant)

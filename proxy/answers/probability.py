@@ -28,6 +28,7 @@ from proxy.errors import ScoreParseError, UpstreamProtocolError
 __all__ = ["AnswerTokens", "read_probability", "token_id_of"]
 
 PROBABILITY_SCALE = "probability"
+VLLM_LOGPROB_FLOOR = -9999.0  # vLLM 0.32 writes max(logprob, -9999.0)
 SOURCE = "first_token_logprobs"
 
 
@@ -54,7 +55,7 @@ def token_id_of(token: Any) -> int | None:
 
 def _logprob(entry: dict[str, Any], endpoint: str) -> float:
     value = entry.get("logprob")
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise UpstreamProtocolError(f"{endpoint}: a logprobs entry without a numeric logprob", endpoint=endpoint)
     return min(float(value), 0.0)
 
@@ -78,6 +79,12 @@ def read_probability(choice: Choice, tokens: AnswerTokens, mode: str, endpoint: 
         raise UpstreamProtocolError(
             f"{endpoint} returned no logprob for {', '.join(repr(w) for w in missing)} (token ids {tokens.ids}) at the "
             "reply's first token: the server must honour logprob_token_ids (vLLM >= 0.32)", endpoint=endpoint)
+    if max(found.values()) <= VLLM_LOGPROB_FLOOR:
+        # vLLM clips at -9999: neither word has any probability, so these ids are not this server's words
+        # (a replica restarted with another tokenizer under the same name): never a score of 0
+        raise UpstreamProtocolError(f"{endpoint}: {tokens.affirmative!r} and {tokens.negative!r} (token ids "
+                                    f"{tokens.ids}) both sit at vLLM's logprob floor: the ids do not name this "
+                                    "server's words", endpoint=endpoint)
     p_yes, p_no = math.exp(found[tokens.affirmative_id]), math.exp(found[tokens.negative_id])
     if p_yes + p_no > 1.0 + 1e-6:
         raise UpstreamProtocolError(f"{endpoint}: P({tokens.affirmative!r}) + P({tokens.negative!r}) = "

@@ -47,9 +47,13 @@ def _check_prompts(settings: Settings, prompts: PromptStore) -> None:
         if backend.prompt is None:  # an embedding backend without text
             continue
         try:
-            prompts.get(backend.prompt)
+            template = prompts.get(backend.prompt)
         except ProxyError as err:
             raise ConfigError(f"backends.{name}.prompt: {err.message}") from err
+        if backend.kind == "chat" and (backend.layout == "shuffled_images") != bool(template.answer.per_frame):
+            raise ConfigError(f"backends.{name}: prompt {backend.prompt!r} and layout {backend.layout!r} do not fit: "
+                              "a per_frame answer (one value per shown frame) goes with layout shuffled_images, "
+                              "and only it")
 
 
 def _warn_unready(prober: Prober, registry: BackendRegistry) -> None:

@@ -13,13 +13,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.answers.constraints import answer_regex
 from proxy.answers.estimate import Estimated, estimate
 from proxy.answers.per_frame import shuffle_for
 from proxy.answers.probability import AnswerTokens
 from proxy.answers.reply import ChatReply
 from proxy.audit import AuditLog
 from proxy.config import BackendConfig, SamplingConfig, Settings
-from proxy.errors import MAX_REPLY_CHARS, InvalidRequest, ProxyError, ScoreParseError, TokenBudgetExceeded
+from proxy.errors import (
+    MAX_REPLY_CHARS,
+    InvalidRequest,
+    ProxyError,
+    ScoreParseError,
+    TokenBudgetExceeded,
+    UpstreamProtocolError,
+)
 from proxy.media.budget import DecodeBudget, MediaExecutor
 from proxy.media.decode import FrameLimits
 from proxy.media.encode import EncodedFrames, prepare_frames
@@ -31,6 +39,7 @@ from proxy.prompting.layouts import (
     FRAMES_SLOT,
     build_chat_body,
     encode_body,
+    layout_has_images,
     prompt_token_bound,
     vision_token_count,
 )
@@ -103,7 +112,7 @@ def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str
         return f"group:{request.metadata.group_id}"
     if layout == "primo_interleave" and frames.still_sha256:
         return f"frame:{frames.still_sha256[0]}"
-    if layout in ("images", "shuffled_images"):
+    if layout_has_images(layout):
         return f"frame:{frames.sha256[0]}"
     return None
 
@@ -218,7 +227,10 @@ class Scorer:
         self._check_token_budget(cfg, resolved.sampling, frames, len(user_text) + len(system or ""))
 
         shuffle = shuffle_for(frames, resolved.shuffle_seed) if per_frame else None
-        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, resolved.upstream_fields,
+        fields = resolved.upstream_fields
+        if per_frame and resolved.estimate.constrain:  # one line per frame SHOWN (a short episode shows fewer)
+            fields = {**fields, "structured_outputs": {"regex": answer_regex(resolved.answer, len(shuffle.order))}}
+        body = build_chat_body(cfg, resolved.sampling, system, user_text, frames, fps, fields,
                                shown=(shuffle, per_frame) if shuffle and per_frame else None)
         group = routing_group(request, cfg.layout, trace.frames)
         words = resolved.answer.probability
@@ -250,6 +262,10 @@ class Scorer:
                                 answer_tokens.get(reply.endpoint), shuffle)
             except ScoreParseError:
                 self.metrics.parse_failures.labels(backend.name).inc()
+                raise
+            except UpstreamProtocolError:
+                if words:  # its ids may be stale: that endpoint is asked for them again next time
+                    self.answer_tokens.forget(reply.endpoint)
                 raise
 
         reply, estimated, calls = await call_with_retries(cfg.retry, send, parse, budget_s=budget_s,

@@ -167,6 +167,11 @@ def layout_has_video(layout: str) -> bool:
     return layout in ("qwen_video", "primo_interleave")
 
 
+def layout_has_images(layout: str) -> bool:
+    """One image part per frame (no video): the servers' --limit-mm-per-prompt counts them."""
+    return layout in ("images", "shuffled_images")
+
+
 def layout_has_stills(layout: str) -> bool:
     return layout == "primo_interleave"
 
@@ -250,7 +255,7 @@ def build_text_body(backend: BackendConfig, sampling: SamplingConfig, system: st
 
 def vision_token_count(layout: str, frames: EncodedFrames) -> int:
     """The vision tokens vLLM will count for these frames (Qwen2.5-VL), start/end tokens included."""
-    if layout in ("images", "shuffled_images"):
+    if layout_has_images(layout):
         return len(frames.jpegs) * vision_tokens(frames.height, frames.width, video=False)
     count = vision_tokens(frames.height, frames.width, len(frames.jpegs), video=True)
     if layout_has_stills(layout) and frames.still_size is not None:

@@ -15,7 +15,7 @@ from proxy.answers.scales import SCORE_MODES, scale_for_mode
 from proxy.config import BackendConfig, ProxySettings, SamplingConfig
 from proxy.errors import FrameRulesChanged, InvalidRequest, PromptTemplateError
 from proxy.media.encode import EncodedFrames, FrameLimits
-from proxy.prompting.layouts import layout_has_stills
+from proxy.prompting.layouts import layout_has_images, layout_has_stills
 from proxy.prompting.templates import SEED_PROMPT_KWARGS, PromptTemplate
 from proxy.schemas import ScoreRequest
 from vlm_protocol.frame_rules import FrameRules
@@ -103,7 +103,7 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
     estimate = _estimate(estimate_kwargs, template.name, answer, sampling)
     return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
                            prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
-                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer, limits.nframes - 1),
+                           estimate=estimate, upstream_fields=_upstream_fields(estimate, answer),
                            shuffle_seed=shuffle_seed)
 
 
@@ -152,7 +152,7 @@ def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings
                              field="nframes")
     # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
     nframes = min(requested, cfg.frames.max_nframes or requested)
-    if cfg.layout in ("images", "shuffled_images") and nframes > cfg.frames.nframes:
+    if layout_has_images(cfg.layout or "") and nframes > cfg.frames.nframes:
         # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
         raise InvalidRequest(f"backend uses the {cfg.layout} layout, one image per frame; its servers take at most "
                              f"frames.nframes={cfg.frames.nframes} images (--limit-mm-per-prompt)",
@@ -267,14 +267,13 @@ def _probability_only(prompt: str, score_mode: str, kwargs: dict[str, Any]) -> N
                                     "affirmative token, read from one token's logprobs")
 
 
-def _upstream_fields(estimate: Estimate, answer: AnswerSpec, shown: int) -> dict[str, Any]:
-    """`shown`: the frames a per-frame answer numbers (those after the reference)."""
+def _upstream_fields(estimate: Estimate, answer: AnswerSpec) -> dict[str, Any]:
     if answer.probability:
         # + logprob_token_ids, per endpoint (its /tokenize numbers the words): proxy/upstream/answer_tokens.py
         return {"n": 1, "logprobs": True, "return_tokens_as_token_ids": True}
     fields: dict[str, Any] = {"n": estimate.samples}
-    if estimate.constrain:
-        fields["structured_outputs"] = {"regex": answer_regex(answer, shown if answer.per_frame else None)}
+    if estimate.constrain and not answer.per_frame:  # a per-frame one: by the frames shown (pipelines/scoring.py)
+        fields["structured_outputs"] = {"regex": answer_regex(answer)}
     if estimate.logprob:
         fields.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
     return fields

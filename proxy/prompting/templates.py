@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -121,11 +122,14 @@ def parse_template(name: str, raw: bytes) -> PromptTemplate:
         if undeclared:
             raise PromptTemplateError(
                 f"prompt {name!r}: {part_name} uses undeclared variable(s) {sorted(undeclared)}")
-    # the layout puts the pictures where the user text names them
-    if slots and ("frames" not in Template(user).get_identifiers() or slots & set(variables)):
+    # the layout puts the pictures where the user text names them: ${frames} once, ${first_frame} at most
+    # once and before it (proxy/prompting/layouts.py cuts the text there)
+    at = {slot: [m.start() for m in re.finditer(r"\$(?:\{" + slot + r"\}|" + slot + r"\b)", user)] for slot in slots}
+    if slots and (len(at["frames"]) != 1 or len(at["first_frame"]) > 1 or slots & set(variables)
+                  or (at["first_frame"] and at["first_frame"][0] > at["frames"][0])):
         raise PromptTemplateError(f"prompt {name!r}: a per_frame answer's user text places the shown frames with "
-                                  "${frames} (and the reference frame with ${first_frame}); neither is declared "
-                                  "as a variable")
+                                  "${frames} once (and the reference frame with ${first_frame} at most once, before "
+                                  "it); neither is declared as a variable")
     return PromptTemplate(
         name=name, sha256=hashlib.sha256(raw).hexdigest(), description=str(doc.get("description", "")),
         system=system, user=user, variables=variables, answer=answer, slots=frozenset(slots),
@@ -167,8 +171,9 @@ def parse_answer_spec(name: str, declared: Any) -> AnswerSpec:
     if label is not None and (not isinstance(label, str) or not label.strip() or "\n" in label or tags):
         raise PromptTemplateError(f"{where}.label must be the text that opens the answer on one line "
                                   "(e.g. 'ANSWER:'), without tags")
-    if per_frame and (tags or label is not None or scale.binary):
-        raise PromptTemplateError(f"{where}: a per_frame answer's lines are its format: no tags, label or binary scale")
+    if per_frame and (tags or label is not None or scale.binary or flags["reasoning"]):
+        raise PromptTemplateError(f"{where}: a per_frame answer's lines are its format: no tags, label, reasoning or "
+                                  "binary scale")
     return AnswerSpec(tags=tuple(tags), untagged=(flags["untagged"] or not tags) and label is None and not per_frame,
                       scale=scale, constrain=flags["constrain"], reasoning=flags["reasoning"], label=label,
                       per_frame=per_frame)

@@ -8,6 +8,8 @@ answer is one token's probability, and "True" split in two would make P(first pi
 
 from __future__ import annotations
 
+import asyncio
+
 from proxy.answers.probability import AnswerTokens
 from proxy.errors import PromptTemplateError
 from proxy.upstream.client import UpstreamClient
@@ -19,7 +21,8 @@ __all__ = ["AnswerTokenIds"]
 class AnswerTokenIds:
     def __init__(self, upstream: UpstreamClient) -> None:
         self.upstream = upstream
-        self._ids: dict[tuple[str, str, str], int] = {}  # (endpoint, served model, word) → its one token id
+        # (endpoint, served model, word) → its one token id; asked once even by concurrent first requests
+        self._ids: dict[tuple[str, str, str], asyncio.Future[int]] = {}
 
     async def resolve(self, endpoint: Endpoint, model: str, words: tuple[str, str], *, timeout_s: float,
                       api_key: str | None) -> AnswerTokens:
@@ -29,13 +32,24 @@ class AnswerTokenIds:
                                       f"token ({ids[0]}) for model {model!r}")
         return AnswerTokens(words[0], words[1], ids[0], ids[1])
 
+    def forget(self, endpoint: str) -> None:
+        """Ask `endpoint` again next time (its ids did not name its words: another tokenizer now)."""
+        for key in [key for key in self._ids if key[0] == endpoint]:
+            del self._ids[key]
+
     async def _one(self, endpoint: Endpoint, model: str, word: str, timeout_s: float, api_key: str | None) -> int:
         key = (endpoint.base_url, model, word)
-        if key not in self._ids:
-            tokens = await self.upstream.tokenize(endpoint, model, word, timeout_s=timeout_s, api_key=api_key)
-            if len(tokens) != 1:
-                raise PromptTemplateError(
-                    f"the probability answer's word {word!r} is {len(tokens)} tokens {tokens} for model {model!r} "
-                    f"at {endpoint.base_url}: its probability is one token's, so choose a word that is one token")
-            self._ids[key] = tokens[0]
-        return self._ids[key]
+        held = self._ids.get(key)
+        if held is None:
+            held = self._ids[key] = asyncio.ensure_future(self._ask(endpoint, model, word, timeout_s, api_key))
+            held.add_done_callback(lambda done: self._ids.pop(key, None) if done.cancelled() or done.exception()
+                                   else None)  # a failure is asked again, never cached
+        return await asyncio.shield(held)  # one caller giving up does not cancel the others' answer
+
+    async def _ask(self, endpoint: Endpoint, model: str, word: str, timeout_s: float, api_key: str | None) -> int:
+        tokens = await self.upstream.tokenize(endpoint, model, word, timeout_s=timeout_s, api_key=api_key)
+        if len(tokens) != 1:
+            raise PromptTemplateError(
+                f"the probability answer's word {word!r} is {len(tokens)} tokens {tokens} for model {model!r} "
+                f"at {endpoint.base_url}: its probability is one token's, so choose a word that is one token")
+        return tokens[0]

@@ -134,8 +134,29 @@ def test_eval_ranks_methods_by_numbers_an_independent_computation_confirms(fakes
             "shuffled" if method == "gvl" else "prefixes") for r in dense)
     assert result["ranks_first"]["prompt_tokens_per_episode"] is not None
     assert result["ranks_first"]["auc"] in ("p_done", "progress", "gvl")
-    # the app's own audit log: `report` reads the eval too (its dense curves' VOC by outcome)
-    assert (out / "audit.jsonl").exists()
+    # the app's own audit log: `report` reads the eval too; a control is never an episode there
+    lines = [json.loads(line) for line in (out / "audit.jsonl").read_text().splitlines()]
+    controls = [line for line in lines if line["metadata"]["run"] != "eval:episode"]
+    assert controls and not [line for line in controls if "env_success" in line["metadata"]]
+
+
+def test_a_method_with_a_failed_call_is_not_ranked():
+    from reports.method_eval import method_numbers, rank
+
+    def record(method, episode, success, score, error=None):
+        return {"method": method, "episode": episode, "task_id": 1, "success": success, "control": None,
+                "score": None if error else score, "curve": None if error else [0.1, score], "error": error,
+                "cost": {"calls": 0 if error else 2, "prompt_tokens": 0 if error else 100, "completion_tokens": 1,
+                         "seconds": 0.5}}
+    records = [record("steady", 0, True, 0.8), record("steady", 1, False, 0.3), record("steady", 2, True, 0.2),
+               # perfect on what it scored, and "cheaper": it failed the hard episode
+               record("flaky", 0, True, 0.9), record("flaky", 1, False, 0.1),
+               record("flaky", 2, True, None, error="upstream_timeout")]
+    numbers = method_numbers(records)
+    assert numbers["flaky"]["all tasks"]["auc"] == 1.0 > numbers["steady"]["all tasks"]["auc"]
+    assert numbers["flaky"]["all tasks"]["failed"] == 1
+    first = rank(numbers)
+    assert first["auc"] == first["seconds_per_episode"] == "steady" and "flaky" not in first.values()
 
 
 def test_the_eval_page_reads_in_a_browser(fakes, tmp_path):

@@ -137,3 +137,21 @@ def test_never_returns_out_of_range(text):
     except ScoreParseError:
         return
     assert 0.0 <= parsed.score <= 1.0
+
+
+@pytest.mark.parametrize(("logprobs", "says"), [
+    ({2514: float("inf"), 4049: -1.0}, "numeric logprob"),  # never P = 1 from a broken number
+    ({2514: float("nan"), 4049: -1.0}, "numeric logprob"),
+    ({2514: -9999.0, 4049: -9999.0}, "logprob floor"),  # ids that do not name this server's words
+    ({2514: -0.1, 4049: -0.2}, "> 1"),  # not one token's distribution
+    ({2514: -0.1}, "no logprob for 'False'"),  # a server that ignored logprob_token_ids
+])
+def test_a_probability_is_read_from_sound_logprobs_only(logprobs, says):
+    from proxy.answers.probability import AnswerTokens, read_probability
+    from proxy.answers.reply import Choice
+    from proxy.errors import UpstreamProtocolError
+
+    top = [{"token": f"token_id:{token}", "logprob": lp} for token, lp in logprobs.items()]
+    choice = Choice("True", "length", [{"token": "token_id:2514", "logprob": -0.1, "top_logprobs": top}])
+    with pytest.raises(UpstreamProtocolError, match=says):
+        read_probability(choice, AnswerTokens("True", "False", 2514, 4049), "auto", "http://x/v1")

@@ -141,3 +141,34 @@ def test_the_shipped_field_methods_declare_their_answers():
     assert store.get("topreward").answer.probability == ("True", "False")
     robo = store.get("roboreward").answer
     assert robo.label == "ANSWER:" and (robo.scale.min, robo.scale.max, robo.scale.zero) == (1, 5, 1) and robo.constrain
+
+
+GVL_ANSWER = "answer: {per_frame: {label: 'F{i}:', reply: 'F{i}: {value}%'}, scale: {min: 0, max: 100}}\n"
+
+
+@pytest.mark.parametrize(("user", "answer", "says"), [
+    ("'${frames} then ${first_frame}'", GVL_ANSWER, "before it"),  # the reference after the shown frames
+    ("'${frames} and ${frames}'", GVL_ANSWER, "once"),
+    ("'no pictures here'", GVL_ANSWER, "once"),
+    ("'${first_frame} ${frames}'",
+     "answer: {per_frame: {label: 'F{i}:', reply: 'F{i}: {value}%'}, scale: {min: 0, max: 100}, reasoning: true}\n",
+     "no tags, label, reasoning"),
+])
+def test_a_per_frame_template_places_its_pictures_once_in_order(tmp_path, user, answer, says):
+    _write(tmp_path / "t.yaml", f"variables: {{task_text: {{}}}}\nuser: {user}\n{answer}")
+    with pytest.raises(PromptTemplateError, match=says):
+        PromptStore(tmp_path).get("t")
+    placed = "user: 'a ${first_frame} b ${frames}'\n"
+    _write(tmp_path / "t.yaml", f"variables: {{task_text: {{}}}}\n{placed}{GVL_ANSWER}")
+    assert PromptStore(tmp_path).get("t").slots == {"first_frame", "frames"}
+
+
+def test_a_per_frame_prompt_on_another_layout_is_refused_at_start_up(tmp_path):
+    from proxy.config import settings_from_dict
+    from proxy.errors import ConfigError
+    from proxy.http.app import create_app
+
+    backend = {"model": "m", "endpoints": ["http://127.0.0.1:9/v1"], "layout": "qwen_video", "prompt": "gvl"}
+    settings = settings_from_dict({"proxy": {"prompts_dir": str(REPO / "prompts")}, "backends": {"b": backend}})
+    with pytest.raises(ConfigError, match="do not fit"):
+        create_app(settings)

@@ -125,6 +125,27 @@ def test_the_words_are_tokenized_once_per_endpoint(stack):
     assert set(asked) <= {"True", "False"} and all(count == 1 for count in asked.values()), asked
 
 
+def test_concurrent_first_requests_tokenize_each_word_once_and_stale_ids_are_no_score(stack):
+    stack.proxy.app.state.scorer.answer_tokens.forget(stack.fake.base_url)  # as if this endpoint were new
+    stack.fake.config.label_logprobs = {"True": math.log(0.6), "False": math.log(0.3)}
+    items = [{"task_text": TASK, "frames_npy": FRAMES, "backend": "p_done"} for _ in range(6)]
+    results = stack.http.post("/score/batch", json={"items": items}).json()["results"]
+    assert all(r["ok"] for r in results)
+    assert sorted(_tokenized(stack)) == ["False", "True"]  # six concurrent requests, one /tokenize per word
+    # the replica now numbers its words otherwise (restarted with another tokenizer, the same name):
+    # the old ids get vLLM's floor for both words, which is no P(done) of 0 but an error, and the
+    # endpoint is asked for its ids again on the next request
+    stack.fake.config.vocab = {**stack.fake.config.vocab, "True": 11, "False": 12}
+    try:
+        stale = stack.score("p_done")
+        assert stale.status_code == 502 and "logprob floor" in stale.json()["error"]["message"], stale.text
+        again = stack.score("p_done")
+        assert again.status_code == 200 and again.json()["probability"]["token_ids"] == [11, 12], again.text
+    finally:
+        stack.fake.config.vocab = {**stack.fake.config.vocab, "True": TRUE_ID, "False": FALSE_ID}
+        stack.proxy.app.state.scorer.answer_tokens.forget(stack.fake.base_url)
+
+
 def test_p_done_on_a_batch_each_item_its_own_probability(stack):
     def label(body: dict) -> dict[str, float]:
         level = frame_level(last_video_frame(body)) / 255
@@ -342,3 +363,15 @@ def test_gvl_pictures_go_only_where_the_template_places_them(stack):
     assert len(_images(body)) == 4  # the reference and 3 shown frames, once each
     texts = [p["text"] for p in body["messages"][-1]["content"] if p["type"] == "text"]
     assert any("stack ${frames} then ${first_frame}" in text for text in texts)
+
+
+def test_gvl_on_an_episode_shorter_than_its_frames_constrains_the_frames_shown(stack):
+    """5 frames, 9 asked: the reference and 4 shown; the constraint holds 4 lines, so the reply it
+    allows is a score (not a re-ask for a fifth frame nobody saw)."""
+    seen: dict[int, tuple[float, int]] = {}
+    stack.fake.fake.state.reply_fn = _gvl_grader(seen)
+    answer = stack.http.post("/score", json={"task_text": TASK, "frames_npy": npy_b64(episode_frames(5, 64, 64)),
+                                             "backend": "gvl", "nframes": 9})
+    assert answer.status_code == 200, answer.text
+    regex = stack.fake.chat_requests[-1]["structured_outputs"]["regex"]
+    assert len(regex.split("\n")) == 4 and len(answer.json()["per_frame"]) == 4 and len(seen) == 4
