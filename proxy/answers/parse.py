@@ -25,7 +25,7 @@ from proxy.answers.scales import Scale, scale_for_mode
 from proxy.errors import ScoreParseError
 
 __all__ = ["AnswerSpec", "ParsedScore", "PerFrame", "declared_fragment", "labelled_fragment", "parse_score",
-           "strip_reasoning"]
+           "refuse_cut", "strip_reasoning"]
 
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
 # One number, optionally "%" or "/max", optionally one trailing full stop: nothing else.
@@ -123,8 +123,7 @@ def declared_fragment(text: str, tags: tuple[str, ...], untagged: bool, fail: Ca
     reasoning, or `fail(reason)` raised: a reply cut at max_tokens, two tags, an unclosed one,
     nothing after the reasoning, no tag where one is required. Scores and preference labels read
     replies this one way."""
-    if finish_reason == "length":
-        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+    refuse_cut(finish_reason, fail)
     visible = strip_reasoning(text or "")
     found = [(tag, inner) for tag in tags for inner in _tag_pattern(tag).findall(visible)]
     if len(found) > 1:
@@ -142,11 +141,16 @@ def declared_fragment(text: str, tags: tuple[str, ...], untagged: bool, fail: Ca
     return visible, "untagged"
 
 
+def refuse_cut(finish_reason: str | None, fail: Callable[[str], Exception]) -> None:
+    """A reply cut at max_tokens holds no answer, whatever it holds: one rule for every answer form."""
+    if finish_reason == "length":
+        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+
+
 def labelled_fragment(text: str, label: str, fail: Callable[[str], Exception], *,
                       finish_reason: str | None) -> tuple[str, str]:
     """The rest of the line after the one `label` (e.g. "ANSWER:") in a reply after its reasoning."""
-    if finish_reason == "length":
-        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+    refuse_cut(finish_reason, fail)
     found = re.findall(re.escape(label) + r"([^\n]*)", strip_reasoning(text or ""))
     if len(found) > 1:
         raise fail(f"{len(found)} lines hold {label!r}; which is the answer?")

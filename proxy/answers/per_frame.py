@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.answers.parse import AnswerSpec, ParsedScore, PerFrame, strip_reasoning
+from proxy.answers.parse import AnswerSpec, ParsedScore, PerFrame, refuse_cut, strip_reasoning
 from proxy.errors import ScoreParseError
 
 __all__ = ["Shuffle", "parse_per_frame", "reply_pattern", "shuffle_for", "shuffle_order"]
@@ -70,8 +70,7 @@ def parse_per_frame(text: str, spec: AnswerSpec, shuffle: Shuffle, *, finish_rea
                                f"frame 1..{count}, each value on the {scale.name} scale",
                                output_text=text, finish_reason=finish_reason)
 
-    if finish_reason == "length":
-        raise fail("the reply was cut at max_tokens (finish_reason=length)")
+    refuse_cut(finish_reason, fail)
     shown: dict[int, float] = {}
     for match in re.finditer(reply_pattern(per_frame), strip_reasoning(text or "")):
         number, raw = int(match.group(1)), float(match.group(2))

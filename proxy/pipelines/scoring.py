@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from proxy.answers.constraints import answer_regex
@@ -21,7 +20,6 @@ from proxy.answers.reply import ChatReply
 from proxy.audit import AuditLog
 from proxy.config import BackendConfig, SamplingConfig, Settings
 from proxy.errors import (
-    MAX_REPLY_CHARS,
     InvalidRequest,
     ProxyError,
     ScoreParseError,
@@ -34,6 +32,7 @@ from proxy.media.encode import EncodedFrames, prepare_frames
 from proxy.media.frame_store import FrameStore
 from proxy.metrics import Metrics
 from proxy.pipelines.batch import run_batch
+from proxy.pipelines.episode_trace import EpisodeTrace
 from proxy.prompting.layouts import (
     FIRST_FRAME_SLOT,
     FRAMES_SLOT,
@@ -57,51 +56,6 @@ if TYPE_CHECKING:
     from proxy.pipelines.probes import InvarianceProbes
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Trace:
-    """What one episode went through so far: the audit line of a success and of a failure."""
-
-    backend: str
-    task_text: str
-    kind: str = "score"  # "dense_point": one prefix of a /score/dense curve (reports count episodes apart)
-    dense: dict[str, Any] | None = None  # that prefix's place in its curve: point, points, curve (its id)
-    metadata: dict[str, Any] | None = None
-    asked: dict[str, Any] | None = None  # the request's own max_pixels and backend_kwargs (replay reuses them)
-    prompt: PromptInfo | None = None
-    frames: FramesInfo | None = None
-    sampling: dict[str, Any] | None = None  # of the last ask sent
-    asks: int = 0
-    last_reply: ChatReply | None = None
-    usage_all_calls: dict[str, int] = field(default_factory=dict)
-    frame_store: dict[str, Any] | None = None  # what the frame store did with this episode's JPEGs
-    encoded: EncodedFrames | None = None  # the frames sent (an invariance probe reorders them)
-
-    def saw(self, reply: ChatReply) -> None:
-        self.last_reply = reply
-        for key, value in (reply.usage or {}).items():
-            if isinstance(value, int):
-                self.usage_all_calls[key] = self.usage_all_calls.get(key, 0) + value
-
-    def record(self) -> dict[str, Any]:
-        reply = self.last_reply
-        return {
-            "backend": self.backend, "task_text": self.task_text,
-            **({"kind": self.kind} if self.kind != "score" else {}), **({"dense": self.dense} if self.dense else {}),
-            "metadata": self.metadata, "asked": self.asked,
-            "prompt": self.prompt.model_dump() if self.prompt else None,
-            "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
-                                                       "sampled_fps", "vision_tokens", "sha256", "still_sha256",
-                                                       "forwarded"})
-                       if self.frames else None),
-            "frame_store": self.frame_store,
-            "sampling": self.sampling, "asks": self.asks,
-            "output_text": reply.text[:MAX_REPLY_CHARS] if reply else None,
-            "finish_reason": reply.finish_reason if reply else None,
-            "endpoint": reply.endpoint if reply else None,
-            "usage": reply.usage if reply else None, "usage_all_calls": self.usage_all_calls or None,
-        }
 
 
 def routing_group(request: ScoreRequest, layout: str, frames: FramesInfo) -> str | None:
@@ -149,7 +103,7 @@ class Scorer:
         except ProxyError as err:
             self.metrics.episodes.labels("none", err.code).inc()
             raise
-        trace = _Trace(backend=backend.name, task_text=request.task_text,
+        trace = EpisodeTrace(backend=backend.name, task_text=request.task_text,
                        metadata=request.metadata.model_dump(exclude_none=True) if request.metadata else None,
                        asked={"max_pixels": request.max_pixels, "backend_kwargs": request.backend_kwargs or None,
                               **({"prefix_end": request.prefix_end} if request.prefix_end is not None else {})},
@@ -210,7 +164,7 @@ class Scorer:
             return None
 
     async def _score(self, request: ScoreRequest, backend: Backend, started: float,
-                     budget_s: float | None, trace: _Trace, encoded: EncodedFrames | None) -> ScoreResponse:
+                     budget_s: float | None, trace: EpisodeTrace, encoded: EncodedFrames | None) -> ScoreResponse:
         cfg = backend.config
         template = self.prompts.get(cfg.prompt)
         resolved = resolve_request(request, cfg, template, self.settings.proxy)
