@@ -125,7 +125,7 @@ def start_vllm(vllm: str, model_dir: Path, work: Path, name: str, extra: list[st
     argv = vllm_argv(model_path=str(model_dir), served_model_name=MODEL, tensor_parallel_size=1, max_model_len=8192,
                      gpu_memory_utilization=0.9, limit_mm=default_limit_mm(backend("http://x/v1", True)),
                      host="127.0.0.1", port=port, seed=0, vllm=vllm, extra_args=[*SERVER_ARGS, *extra])
-    proc, log = _spawn(name, argv, work, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    proc, log = _spawn(name, argv, work, env={})
     return Server(name, proc, port, log)
 
 

