@@ -62,11 +62,13 @@ def expand_vars(text: str, env: Mapping[str, str], *, what: str) -> str:
 
 
 def default_limit_mm(backend: BackendConfig) -> dict[str, int]:
-    """What one request of this layout carries (qwen: 1 video; primo: 2 images + 1 video)."""
+    """What one request of this layout carries (qwen: 1 video; primo: 2 images + 1 video; a second
+    camera as its own video, frames.extra_view second_video: one video more)."""
+    videos = 2 if backend.frames.extra_view == "second_video" else 1
     if backend.layout == "qwen_video":
-        return {"video": 1}
+        return {"video": videos}
     if backend.layout == "primo_interleave":
-        return {"image": 2, "video": 1}
+        return {"image": 2, "video": videos}
     return {"image": backend.frames.nframes}
 
 

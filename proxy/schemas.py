@@ -83,6 +83,26 @@ def _not_null(field: str) -> dict[str, Any]:
 IMAGE_FORMAT, NPY_FORMAT, MEDIA_PATH_FORMAT = "image-base64", "npy-base64", "media-path"
 
 
+class ViewSource(BaseModel):
+    """A second camera of the same episode (ScoreRequest.extra_view): one source, as the main view's
+    fields take it, with as many frames as the main view (they are taken at the same indices)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [_not_null("video_path"), _not_null("frames"), _not_null("frames_npy")]})
+
+    video_path: Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT})] | None = None
+    frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
+    frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ViewSource:
+        given = [n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("extra_view takes exactly one of video_path, frames, frames_npy"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+
 class ScoreRequest(BaseModel):
     """POST /score. Field names follow the seed server so its clients keep working."""
 
@@ -112,6 +132,8 @@ class ScoreRequest(BaseModel):
     # are dropped before sampling, and PRIMO-R1's "current frame" is this one.
     prefix_end: int | None = Field(None, ge=0)
     max_pixels: int | None = Field(None, ge=28 * 28)  # per-frame pixel budget after resize
+    # A second camera (the wrist view), for a backend whose frames.extra_view places one.
+    extra_view: ViewSource | None = None
     backend: str | None = None  # backend name or alias; None = the only/first backend
     # Per-request sampling overrides (within bounds), score_mode, and template variables.
     backend_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -132,6 +154,8 @@ class ScoreRequest(BaseModel):
             )
         if getattr(self, "stills", None) is not None and self.frames is None:
             raise ValueError("stills come with frames (images the caller encoded), not with " + given[0])
+        if getattr(self, "stills", None) is not None and getattr(self, "extra_view", None) is not None:
+            raise ValueError("stills are one camera's: with extra_view the proxy makes them from both views")
         return self
 
 
@@ -149,6 +173,17 @@ class PromptInfo(BaseModel):
     overrides: dict[str, str] = Field(default_factory=dict)
 
 
+class ExtraViewInfo(BaseModel):
+    """How the second camera went to the model (backend frames.extra_view), at the main view's indices."""
+
+    placement: Literal["second_video", "side_by_side"]
+    source_count: int  # frames in the second view's source
+    size: tuple[int, int]  # (width, height) of the second view as sent: its video, or its part of each frame
+    main_size: tuple[int, int] | None = None  # side_by_side: the main view's part of each frame (left)
+    sha256: list[str] = Field(default_factory=list)  # second_video: each JPEG of its video (side_by_side: in `sha256`)
+    vision_tokens: int = 0  # second_video: its video's share of FramesInfo.vision_tokens
+
+
 class FramesInfo(BaseModel):
     count: int
     requested: int  # nframes asked for; above `count` when the backend's max_nframes clamped it
@@ -163,6 +198,7 @@ class FramesInfo(BaseModel):
     still_sha256: list[str] = Field(default_factory=list)  # of each still image sent (PRIMO's first, last)
     # Images sent to the model as the caller encoded them (no decode, no re-encode), stills included.
     forwarded: int = 0
+    extra_view: ExtraViewInfo | None = None  # a second camera, when the backend places one
 
 
 class QualityKey(BaseModel):

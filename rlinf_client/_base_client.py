@@ -25,14 +25,23 @@ from rlinf_client._exceptions import (
     RewardAPIError,
     make_status_error,
 )
-from rlinf_client._frames import encode_npy, encode_npy_b64, encode_ready, prepare_frames, write_temp_mp4
+from rlinf_client._frames import (
+    encode_npy,
+    encode_npy_b64,
+    encode_ready,
+    frames_at_steps,
+    prepare_frames,
+    write_temp_mp4,
+)
 from rlinf_client._types import ClientStats, Episode
 from vlm_protocol.frame_rules import FrameRules
 from vlm_protocol.multipart import PART_PREFIX, encode_form
 from vlm_protocol.wire import BUDGET_HEADER, REQUEST_ID_HEADER, parse_retry_after
 
 BINARY_PART = "frames"  # transport: binary; the part an episode's frames_npy names
-FRAME_FIELDS = ("frames_npy", "frames", "stills")  # the fields whose values may name a part ("part:<name>")
+EXTRA_VIEW_PART = "extra_view"  # and the part its second camera's frames_npy names
+# the fields whose values may name a part ("part:<name>")
+FRAME_FIELDS = ("frames_npy", "frames", "stills", "extra_view")
 Part = tuple[str, bytes]  # (Content-Type, bytes)
 
 
@@ -52,7 +61,7 @@ class ScoreRequestBody:
         if self.parts:
             return sum(len(data) for _, data in self.parts.values()) + 1024
         inline = [self.payload.get("frames_npy") or "", *(self.payload.get("frames") or ()),
-                  *(self.payload.get("stills") or ())]
+                  *(self.payload.get("stills") or ()), (self.payload.get("extra_view") or {}).get("frames_npy") or ""]
         return sum(map(len, inline)) + 1024
 
     def encoded(self, binary: bool = True) -> tuple[str, bytes]:
@@ -67,6 +76,8 @@ class ScoreRequestBody:
         def rename(value: Any) -> Any:
             if isinstance(value, list):
                 return [rename(v) for v in value]
+            if isinstance(value, dict):  # extra_view: a source of its own
+                return {k: rename(v) for k, v in value.items()}
             if isinstance(value, str) and value.startswith(PART_PREFIX):
                 return PART_PREFIX + prefix + value[len(PART_PREFIX):]
             return value  # inline base64 stays as it is
@@ -81,6 +92,8 @@ class ScoreRequestBody:
         def b64(value: Any) -> Any:
             if isinstance(value, list):
                 return [b64(v) for v in value]
+            if isinstance(value, dict):
+                return {k: b64(v) for k, v in value.items()}
             if isinstance(value, str) and value.startswith(PART_PREFIX):
                 return base64.b64encode(self.parts[value[len(PART_PREFIX):]][1]).decode()
             return value
@@ -121,7 +134,8 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     """
     # A curve's prefixes each sample nframes of their own: send every held frame, the proxy picks.
     client_sampling = cfg.client_sampling and not cfg.dense_points
-    ready = rules is not None and client_sampling and cfg.transport != "path"
+    # Two cameras go raw: the proxy places the second view (side by side, it composes each frame).
+    ready = rules is not None and client_sampling and cfg.transport != "path" and episode.extra_view is None
     # `nframes`: a body built again raw after a 409 picks the frames the refused one picked.
     nframes = nframes or (rules.nframes_for(cfg.nframes) if ready else cfg.nframes)  # type: ignore[union-attr]
     prepared = prepare_frames(episode.frames, nframes, client_sampling)
@@ -156,6 +170,13 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     else:
         payload["frames_npy"] = encode_npy_b64(prepared.frames)
         payload["fps"] = round(real_fps, 6)
+    if episode.extra_view is not None:  # the same steps of the second camera, as npy (a part, or base64)
+        wrist = encode_npy(frames_at_steps(episode.extra_view, prepared))
+        if cfg.transport == "binary":
+            parts[EXTRA_VIEW_PART] = ("application/x-npy", wrist)
+            payload["extra_view"] = {"frames_npy": PART_PREFIX + EXTRA_VIEW_PART}
+        else:
+            payload["extra_view"] = {"frames_npy": base64.b64encode(wrist).decode("ascii")}
     if cfg.backend:
         payload["backend"] = cfg.backend
     if cfg.backend_kwargs:

@@ -73,10 +73,11 @@ class AsyncRewardClient:
         await self._core.aclose()
 
     # -- public API ------------------------------------------------------------------------------
-    async def score_episode(self, frames: Any, task_text: str, *,
-                            fallback: float | None = None) -> EpisodeScore:
-        """Score one episode within `timeout`. Raises on failure only with `fail_on_request_error`."""
-        [result] = await self._scheduler.run([Episode(frames, task_text, fallback)])
+    async def score_episode(self, frames: Any, task_text: str, *, fallback: float | None = None,
+                            extra_view: Any = None) -> EpisodeScore:
+        """Score one episode within `timeout` (`extra_view`: a second camera's frames of the same
+        steps). Raises on failure only with `fail_on_request_error`."""
+        [result] = await self._scheduler.run([Episode(frames, task_text, fallback, extra_view=extra_view)])
         return result
 
     async def score_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeScore]:
@@ -131,9 +132,9 @@ class RewardClient:
     def stats(self) -> ClientStats:
         return self._client.stats
 
-    def score_episode(self, frames: Any, task_text: str, *,
-                      fallback: float | None = None) -> EpisodeScore:
-        return self._run(self._client.score_episode(frames, task_text, fallback=fallback))
+    def score_episode(self, frames: Any, task_text: str, *, fallback: float | None = None,
+                      extra_view: Any = None) -> EpisodeScore:
+        return self._run(self._client.score_episode(frames, task_text, fallback=fallback, extra_view=extra_view))
 
     def score_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeScore]:
         return self._run(self._client.score_episodes(list(episodes)))

@@ -88,6 +88,11 @@ class RewardModelConfig:
     # episode (k scoring calls each) instead of one score; the episode's reward is the curve's last
     # point, and `LiberoVLMReward.shaped_rewards` spreads it over the steps as potential differences.
     dense_points: int = 0
+    # A second camera (off: None): the observation key of its images, e.g. `wrist_images` (RLinf's
+    # LiberoEnv). Each episode then carries that view at the same steps, sent as `extra_view`; the
+    # backend's frames.extra_view places it (a second video, or side by side in each frame), and a
+    # backend without one refuses it (422). Raw frames for both views (the proxy composes them).
+    extra_view: str | None = None
     # Where the reward comes from: `score` (a VLM's score per episode, POST /score) or `progress`
     # (run D: SRPO's self-referential progress, POST /progress/batch, docs/progress.md). With
     # progress a success pays as a score of 1, a failure progress x progress_coef (SRPO's 0.6),
@@ -121,6 +126,8 @@ class RewardModelConfig:
         if not isinstance(self.dense_points, int) or isinstance(self.dense_points, bool) or self.dense_points == 1 \
                 or self.dense_points < 0:
             problems.append(f"dense_points must be 0 (off) or an integer >= 2, got {self.dense_points!r}")
+        elif self.dense_points and self.extra_view:
+            problems.append("extra_view (a second camera) is scored by /score, not /score/dense: set dense_points: 0")
         elif self.dense_points and self.binary_reward:
             problems.append("dense_points pays progress differences, which a thresholded score has not: "
                             "set binary_reward: false")

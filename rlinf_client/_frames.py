@@ -31,6 +31,7 @@ __all__ = [
     "encode_npy_b64",
     "encode_ready",
     "env_frames_from_obs",
+    "frames_at_steps",
     "prepare_frames",
     "sample_indices",
     "to_uint8_frames",
@@ -199,6 +200,30 @@ def prepare_frames(source: Any, nframes: int, client_sampling: bool) -> Prepared
     # Normalise only what is sent: cheap even for a 512-step float episode.
     indices = sample_indices(count, nframes) if client_sampling else list(range(count))
     return PreparedFrames(to_uint8_frames(array[indices]), indices, count)
+
+
+def frames_at_steps(source: Any, picked: PreparedFrames) -> np.ndarray:
+    """A second camera's frames at the steps picked from the main view (uint8 K×H×W×3): the same
+    episode, so the same step count; a step it does not hold is an error, never a neighbour."""
+    if isinstance(source, EpisodeFrameBuffer):
+        count = source.count
+        steps, frames = source.held()
+        held = dict(zip(steps, frames, strict=True))
+    elif isinstance(source, Sequence) and not isinstance(source, np.ndarray):
+        count, held = len(source), None
+    else:
+        source = _as_numpy(source)
+        count, held = (int(source.shape[0]) if source.ndim == 4 else 0), None
+    if count != picked.source_count:
+        raise FramesError(f"the second camera holds {count} steps and the main view {picked.source_count}: "
+                          "the two views of one episode must be recorded at the same steps")
+    if held is None:
+        return to_uint8_frames(np.stack([to_uint8_frames(source[i])[0] for i in picked.source_indices]))
+    missing = [step for step in picked.source_indices if step not in held]
+    if missing:
+        raise FramesError(f"the second camera's buffer does not hold steps {missing[:5]} the main view's does "
+                          "(both buffers must be filled at every step)")
+    return to_uint8_frames(np.stack([held[step] for step in picked.source_indices]))
 
 
 def encode_npy(frames: np.ndarray) -> bytes:

@@ -21,12 +21,15 @@ class Episode:
     under `fallback: env_success`; None = unknown (then env_success gives None, never a guess).
     `metadata`: sent with the request and recorded in the proxy's audit log, never to the model
     (e.g. env_success, task_id, episode_id, step, run).
+    `extra_view`: a second camera's frames of the same steps (the wrist view), like `frames`; sent
+    as the request's extra_view at the steps picked from `frames`.
     """
 
     frames: Any
     task_text: str
     fallback: float | None = None
     metadata: dict[str, Any] | None = None
+    extra_view: Any = None
 
 
 @dataclass(frozen=True)

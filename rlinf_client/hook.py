@@ -43,8 +43,8 @@ import numpy as np
 
 from rlinf_client._client import RewardClient
 from rlinf_client._config import RewardModelConfig
-from rlinf_client._exceptions import NoReferenceError, QualityAlarmError
-from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs
+from rlinf_client._exceptions import FramesError, NoReferenceError, QualityAlarmError
+from rlinf_client._frames import EpisodeFrameBuffer, _as_numpy, env_frames_from_obs, to_uint8_frames
 from rlinf_client._quality import Paid, alarm_summary, quality_alarm
 from rlinf_client._types import Episode
 from rlinf_client.mapping import map_progress, map_score, relative_step_reward
@@ -81,6 +81,10 @@ class LiberoVLMReward:
         self.client = client if client is not None else RewardClient(self.config)
         self.buffers = [EpisodeFrameBuffer(self.config.buffer_frames, self.config.frame_stride)
                         for _ in range(num_envs)]
+        # reward_model.extra_view names a second camera in the observation (wrist_images): buffered
+        # beside the main view, step for step, and sent with it
+        self.extra_buffers = [EpisodeFrameBuffer(self.config.buffer_frames, self.config.frame_stride)
+                              for _ in range(num_envs)] if self.config.extra_view else None
         self.scored = np.zeros(num_envs, dtype=bool)  # this episode already has its reward
         self.terminal_value = np.zeros(num_envs)  # reward_coef * mapped from the end step on
         self.prev_value = np.zeros(num_envs)  # RLinf's prev_step_reward, for this path
@@ -116,10 +120,13 @@ class LiberoVLMReward:
     def on_reset(self, obs: Mapping[str, Any], env_idx: Any = None) -> None:
         """New episodes for `env_idx` (None = all): empty buffers holding the reset frame."""
         ids = self._env_ids(env_idx)
-        frames = env_frames_from_obs(obs)
+        frames, extra = env_frames_from_obs(obs), self._extra_frames(obs)
         for env in ids:
             self.buffers[env].clear()
             self.buffers[env].append(frames[env])
+            if self.extra_buffers is not None:
+                self.extra_buffers[env].clear()
+                self.extra_buffers[env].append(extra[env])
         self.scored[ids] = False
         self.episodes_started[ids] += 1
         for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback, self.vlm_no_reference,
@@ -132,11 +139,13 @@ class LiberoVLMReward:
 
         `terminations` are the simulator's success flags as `env.step` returned them (before
         `ignore_terminations` clears them); `task_ids` (optional) go into the request metadata."""
-        frames = env_frames_from_obs(obs)
+        frames, extra = env_frames_from_obs(obs), self._extra_frames(obs)
         terminations, truncations = _bools(terminations), _bools(truncations)
         running = np.flatnonzero(~self.scored)
         for env in running:
             self.buffers[env].append(frames[env])
+            if self.extra_buffers is not None:
+                self.extra_buffers[env].append(extra[env])
         ended = truncations if self.ignore_terminations else terminations | truncations
         ending = np.flatnonzero(ended & ~self.scored)
         if ending.size:
@@ -177,6 +186,16 @@ class LiberoVLMReward:
             self.client.close()
 
     # -- internals -------------------------------------------------------------------------------
+    def _extra_frames(self, obs: Mapping[str, Any]) -> np.ndarray | None:
+        """The second camera's frame of every env (reward_model.extra_view's key), or None when off."""
+        key = self.config.extra_view
+        if key is None:
+            return None
+        if obs.get(key) is None:
+            raise FramesError(f"reward_model.extra_view is {key!r}, but the observation has no {key!r}; "
+                              f"keys: {sorted(obs)}")
+        return to_uint8_frames(obs[key])
+
     def _env_ids(self, env_idx: Any) -> np.ndarray:
         if env_idx is None:
             return np.arange(self.num_envs)
@@ -185,7 +204,8 @@ class LiberoVLMReward:
     def _score(self, envs: np.ndarray, terminations: np.ndarray, task_descriptions: Sequence[str],
                task_ids: np.ndarray | None) -> None:
         episodes = [Episode(self.buffers[env], str(task_descriptions[env]), fallback=float(terminations[env]),
-                            metadata=self._metadata(env, terminations, task_ids, str(task_descriptions[env])))
+                            metadata=self._metadata(env, terminations, task_ids, str(task_descriptions[env])),
+                            extra_view=self.extra_buffers[env] if self.extra_buffers is not None else None)
                     for env in envs]
         if self.config.reward_source == "progress":
             paid = self._progress_values(episodes)
@@ -203,6 +223,8 @@ class LiberoVLMReward:
             self.vlm_no_reference[env] = 1.0 if no_reference else 0.0
             self.scored[env] = True
             self.buffers[env].clear()  # the frames are no longer needed
+            if self.extra_buffers is not None:
+                self.extra_buffers[env].clear()
             if not result.ok:
                 reasons[result.reason or "unknown"] += 1
         self.episodes_scored += len(envs)

@@ -128,6 +128,13 @@ class FramesConfig(_Strict):
     default_video_fps: float = Field(4.0, gt=0)  # the seed's reward_model.video_fps
     # Rate of inline frames when the request gives no fps (presentation_fps: episode only).
     default_source_fps: float = Field(4.0, gt=0)
+    # A second camera (the request's extra_view, e.g. LIBERO's wrist view), taken at the main view's
+    # frame indices; every request to the backend must carry one (proxy/media/views.py):
+    #   second_video  its own video part after the main one, at the same budget (twice the vision tokens);
+    #   side_by_side  each frame the two views side by side, each at half the pixel budget (about the
+    #                 tokens of one view).
+    # None: one camera, and a request with extra_view is refused.
+    extra_view: Literal["second_video", "side_by_side"] | None = None
 
 
 class BackendConfig(_Strict):
@@ -179,6 +186,9 @@ class BackendConfig(_Strict):
             missing = [key for key in ("layout", "prompt") if getattr(self, key) is None]
             if missing:
                 raise ValueError(f"a chat backend needs {' and '.join(missing)} (kind: embedding needs neither)")
+        if self.frames.extra_view == "second_video" and self.layout not in ("qwen_video", "primo_interleave"):
+            raise ValueError(f"frames.extra_view second_video needs a layout with a video (qwen_video, "
+                             f"primo_interleave), not {self.layout}; side_by_side works with every layout")
         return self
 
     def api_key(self) -> str | None:

@@ -65,9 +65,10 @@ class DecodeBudget:
         return cls(MediaCaps(max_decoded_bytes=2**62, max_video_frames=2**62, max_video_seconds=float("inf")))
 
     def check_plan(self, needed_bytes: int) -> None:
-        """Refuse up front what would not fit (before the first frame is decoded)."""
-        if needed_bytes > self.caps.max_decoded_bytes:
-            raise self._over(needed_bytes)
+        """Refuse up front what would not fit (before the first frame is decoded), beside what the
+        request already keeps (a second camera's frames come after the first's)."""
+        if needed_bytes + self.kept_bytes > self.caps.max_decoded_bytes:
+            raise self._over(needed_bytes + self.kept_bytes)
 
     def hold_source(self, nbytes: int) -> None:
         """A source frame about to be decoded (one at a time: the largest counts)."""

@@ -47,6 +47,11 @@ class EncodedFrames:
     stills: list[bytes] = field(default_factory=list)  # first and last frame as images, if asked
     still_size: tuple[int, int] | None = None  # (width, height) of the stills
     forwarded: int = 0  # images (frames and stills) sent as the caller encoded them
+    # A second camera (proxy/media/views.py): its own video at the same indices (second_video), or,
+    # side_by_side, the (width, height) of each view's part of every frame, the main view's first.
+    extra: EncodedFrames | None = None
+    views: tuple[tuple[int, int], tuple[int, int]] | None = None
+    extra_count: int | None = None  # frames in the second view's source
 
     @property  # made per body, not kept: a request holds its bytes once
     def base64_frames(self) -> list[str]:

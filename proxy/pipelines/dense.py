@@ -41,6 +41,9 @@ class DenseRequest(ScoreRequest):
     points: int | None = Field(None, ge=2)  # prefixes ending evenly over the episode, the last at its end
     # or exactly these source frame indices, increasing
     prefix_ends: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=2)
+    # One decode serves every prefix of a curve, one camera's: a second view is not served here (yet);
+    # the document says so, and a request with one is refused (score prefixes with /score and prefix_end).
+    extra_view: None = Field(None, description="not served on /score/dense: one camera per curve")
 
     @field_validator("points", mode="before")
     @classmethod

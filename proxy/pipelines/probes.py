@@ -34,9 +34,10 @@ MAX_RUNS, MAX_TASKS_PER_RUN = 64, 64  # instructions remembered for the `instruc
 
 
 def reversed_frames(frames: EncodedFrames) -> EncodedFrames:
-    """The episode played backwards: frames and the first/last stills swapped end for end."""
+    """The episode played backwards: frames and the first/last stills swapped end for end (a second
+    camera's video too)."""
     return dataclasses.replace(frames, jpegs=frames.jpegs[::-1], indices=frames.indices[::-1],
-                               stills=frames.stills[::-1])
+                               stills=frames.stills[::-1], extra=frames.extra and reversed_frames(frames.extra))
 
 
 def shuffled_frames(frames: EncodedFrames, seed: str) -> tuple[EncodedFrames, list[int]]:
@@ -46,8 +47,10 @@ def shuffled_frames(frames: EncodedFrames, seed: str) -> tuple[EncodedFrames, li
     rng = random.Random(seed)
     while len(order) > 1 and order == sorted(order):
         rng.shuffle(order)
+    extra = frames.extra and dataclasses.replace(frames.extra, jpegs=[frames.extra.jpegs[i] for i in order],
+                                                 indices=[frames.extra.indices[i] for i in order])
     return dataclasses.replace(frames, jpegs=[frames.jpegs[i] for i in order],
-                               indices=[frames.indices[i] for i in order]), order
+                               indices=[frames.indices[i] for i in order], extra=extra), order
 
 
 class InvarianceProbes:

@@ -30,6 +30,7 @@ from proxy.media.budget import DecodeBudget, MediaExecutor
 from proxy.media.decode import FrameLimits
 from proxy.media.encode import EncodedFrames, prepare_frames
 from proxy.media.frame_store import FrameStore
+from proxy.media.views import check_views, extra_view_info, prepare_views
 from proxy.metrics import Metrics
 from proxy.pipelines.batch import run_batch
 from proxy.pipelines.episode_trace import EpisodeTrace
@@ -45,7 +46,15 @@ from proxy.prompting.layouts import (
 from proxy.prompting.request import presentation_fps, resolve_request, sampling_for_ask
 from proxy.prompting.templates import PromptStore, apply_seed_overrides
 from proxy.quality.monitor import QualityMonitor
-from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, QualityStatus, ScoreRequest, ScoreResponse
+from proxy.schemas import (
+    FramesInfo,
+    ParseInfo,
+    PromptInfo,
+    QualityStatus,
+    ScoreRequest,
+    ScoreResponse,
+    ViewSource,
+)
 from proxy.upstream.answer_tokens import AnswerTokenIds
 from proxy.upstream.backends import Backend, BackendRegistry
 from proxy.upstream.client import UpstreamClient
@@ -257,8 +266,14 @@ class Scorer:
                            ) -> tuple[EncodedFrames, float, FramesInfo, dict[str, Any] | None]:
         """One episode's frames as sent, the presentation rate, their provenance and what the frame
         store did with them (shared with /compare and /progress). `requested`: nframes asked for."""
+        placement = check_views(cfg.frames.extra_view, given=request.extra_view is not None,
+                                frame_rules=request.frame_rules is not None)
         if encoded is not None:  # a prefix of a dense curve: made in the curve's one decode
             frames = encoded
+        elif placement is not None:  # two cameras, decoded at the same indices within one budget
+            frames = await self.media.run(lambda budget: prepare_views(
+                limits, budget, placement, prefix_end=request.prefix_end, main=self.source_of(request),
+                extra={**self.source_of(request.extra_view), "fps": request.fps}))
         else:
             frames = await self.media.run(lambda budget: self._load_frames(request, limits, budget))
             if request.frame_rules is not None and frames.forwarded != len(frames.jpegs) + len(frames.stills):
@@ -273,11 +288,14 @@ class Scorer:
             source_count=frames.source_count, size=(frames.width, frames.height), still_size=frames.still_size,
             fps=round(fps, 6), sampled_fps=round(frames.sampled_fps, 6),
             vision_tokens=vision_token_count(cfg.layout, frames), sha256=frames.sha256,
-            still_sha256=frames.still_sha256, forwarded=frames.forwarded)
+            still_sha256=frames.still_sha256, forwarded=frames.forwarded,
+            extra_view=extra_view_info(placement, frames) if placement else None)
         stored = None
         if self.frame_store is not None and store:  # a probe's frames are its episode's, kept already
-            stored = (await self.frame_store.put([*frames.jpegs, *frames.stills],
-                                                 [*info.sha256, *info.still_sha256])).record()
+            extra = frames.extra.jpegs if frames.extra is not None else []
+            stored = (await self.frame_store.put([*frames.jpegs, *frames.stills, *extra],
+                                                 [*info.sha256, *info.still_sha256,
+                                                  *(info.extra_view.sha256 if info.extra_view else [])])).record()
         self.metrics.stage.labels(stage="load").observe(frames.load_ms / 1e3)
         self.metrics.stage.labels(stage="encode").observe(frames.encode_ms / 1e3)
         return frames, fps, info, stored
@@ -292,12 +310,12 @@ class Scorer:
     def _load_frames(self, request: ScoreRequest, limits: FrameLimits, budget: DecodeBudget) -> EncodedFrames:
         return prepare_frames(limits, budget, prefix_end=request.prefix_end, **self.source_of(request))
 
-    def source_of(self, request: ScoreRequest) -> dict[str, Any]:
-        """The request's frame source as `decode_source` takes it (a video_path is checked against
-        the roots, opened and sniffed there, on the media thread: proxy/media/file.py)."""
+    def source_of(self, request: ScoreRequest | ViewSource) -> dict[str, Any]:
+        """The request's (or its second camera's) frame source as `decode_source` takes it (a video_path
+        is checked against the roots, opened and sniffed there, on the media thread: proxy/media/file.py)."""
         return {"video_path": request.video_path, "media_roots": self.settings.proxy.allowed_media_roots,
-                "frames": request.frames, "frames_npy": request.frames_npy, "fps": request.fps,
-                "stills": request.stills}
+                "frames": request.frames, "frames_npy": request.frames_npy, "fps": getattr(request, "fps", None),
+                "stills": getattr(request, "stills", None)}
 
     @staticmethod
     def _check_token_budget(cfg: BackendConfig, sampling: SamplingConfig, frames: EncodedFrames,

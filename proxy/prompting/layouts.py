@@ -1,7 +1,7 @@
 """Chat messages per model family, and the full chat-completions body sent to `vllm serve`.
 
-    qwen_video        [system?] user: [video, text]
-    primo_interleave  system;   user: [image (first frame), video, image (last frame), text]
+    qwen_video        [system?] user: [video, (second camera's video,) text]
+    primo_interleave  system;   user: [image (first frame), video, (second camera's video,) image (last frame), text]
     images            [system?] user: [image × N, text]   (models without video support)
     shuffled_images   [system?] user: [text, image (first frame), text, ("Frame n:", image) × k in a
                       seeded shuffled order, ...]: the template's user text names where the reference
@@ -103,13 +103,17 @@ def build_messages(layout: str, system: str | None, user_text: str, frames: Enco
     `shown`: the shuffled_images layout's order and its template's per-frame words."""
     ids = frames.sha256 if media_uuids else None  # of the video's frames (the images layout: of each image)
     clip = video_uuid(ids, video_io) if ids is not None and layout_has_video(layout) else None
+    # A second camera's own video (frames.extra_view: second_video) follows the main one.
+    videos = [_video_part(frames.base64_frames, clip)]
+    if frames.extra is not None:
+        extra = frames.extra
+        videos.append(_video_part(extra.base64_frames, video_uuid(extra.sha256, video_io) if media_uuids else None))
     if layout == "qwen_video":
-        content = [_video_part(frames.base64_frames, clip), _text_part(user_text)]
+        content = [*videos, _text_part(user_text)]
     elif layout == "primo_interleave":
         first, last = frames.base64_stills
         first_id, last_id = frames.still_sha256 if media_uuids else (None, None)
-        content = [_image_part(first, first_id), _video_part(frames.base64_frames, clip), _image_part(last, last_id),
-                   _text_part(user_text)]
+        content = [_image_part(first, first_id), *videos, _image_part(last, last_id), _text_part(user_text)]
     elif layout == "images":
         content = [*(_image_part(f, ids[n] if ids else None) for n, f in enumerate(frames.base64_frames)),
                    _text_part(user_text)]
@@ -257,7 +261,8 @@ def vision_token_count(layout: str, frames: EncodedFrames) -> int:
     """The vision tokens vLLM will count for these frames (Qwen2.5-VL), start/end tokens included."""
     if layout_has_images(layout):
         return len(frames.jpegs) * vision_tokens(frames.height, frames.width, video=False)
-    count = vision_tokens(frames.height, frames.width, len(frames.jpegs), video=True)
+    count = sum(vision_tokens(video.height, video.width, len(video.jpegs), video=True)
+                for video in (frames, frames.extra) if video is not None)
     if layout_has_stills(layout) and frames.still_size is not None:
         width, height = frames.still_size
         count += 2 * vision_tokens(height, width, video=False)

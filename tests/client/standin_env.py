@@ -18,7 +18,7 @@ from tests.client._support import tagged_frames
 
 class StandInLiberoEnv:
     def __init__(self, cfg: dict[str, Any], success_steps: list[int | None], *, client: Any = None,
-                 obs_key: str = "main_images", frame_size: int = 16) -> None:
+                 obs_key: str = "main_images", frame_size: int = 16, wrist: bool = False) -> None:
         self.cfg = cfg
         self.num_envs = len(success_steps)
         self.success_steps = success_steps
@@ -30,6 +30,7 @@ class StandInLiberoEnv:
         self.use_step_penalty = cfg.get("use_step_penalty", False)
         self.obs_key = obs_key
         self.frame_size = frame_size
+        self.wrist = wrist  # also a `wrist_images` view (as RLinf's LiberoEnv returns): pure blue, 200
         self.prev_step_reward = np.zeros(self.num_envs)
         self._elapsed_steps = np.zeros(self.num_envs, dtype=np.int32)
         self._init_metrics()
@@ -50,7 +51,12 @@ class StandInLiberoEnv:
             images = frames.transpose(0, 3, 1, 2)
         elif self.obs_key == "full_images":  # the seed's fork: float frames in [0, 1] here
             images = frames.astype(np.float32) / 255.0
-        return {self.obs_key: images, "task_descriptions": self.task_descriptions}
+        obs = {self.obs_key: images, "task_descriptions": self.task_descriptions}
+        if self.wrist:
+            wrist = np.zeros_like(frames)
+            wrist[..., 2] = 200
+            obs["wrist_images"] = wrist
+        return obs
 
     # -- RLinf's flow --------------------------------------------------------------------------------
     def _init_metrics(self) -> None:

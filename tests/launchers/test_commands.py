@@ -85,16 +85,19 @@ def test_launch_fields_become_flags_and_extra_args_come_last():
     assert primo[1].base_url == "http://127.0.0.1:8003"  # a wildcard bind is probed on loopback
 
 
-@pytest.mark.parametrize(("layout", "explicit", "expected"), [
-    ("qwen_video", None, {"video": 1}),
-    ("primo_interleave", None, {"image": 2, "video": 1}),
-    ("images", None, {"image": 8}),
-    ("shuffled_images", None, {"image": 8}),  # GVL: the reference frame and 7 shown frames
-    ("qwen_video", {"video": 2, "image": 1}, {"video": 2, "image": 1}),
+@pytest.mark.parametrize(("layout", "explicit", "expected", "extra_view"), [
+    ("qwen_video", None, {"video": 1}, None),
+    ("primo_interleave", None, {"image": 2, "video": 1}, None),
+    ("qwen_video", None, {"video": 2}, "second_video"),  # a second camera's own video
+    ("primo_interleave", None, {"image": 2, "video": 2}, "second_video"),
+    ("qwen_video", None, {"video": 1}, "side_by_side"),  # both cameras in each frame of one video
+    ("images", None, {"image": 8}, None),
+    ("shuffled_images", None, {"image": 8}, None),  # GVL: the reference frame and 7 shown frames
+    ("qwen_video", {"video": 2, "image": 1}, {"video": 2, "image": 1}, None),
 ])
-def test_limit_mm_per_prompt_follows_the_layout(layout, explicit, expected):
+def test_limit_mm_per_prompt_follows_the_layout(layout, explicit, expected, extra_view):
     data = four_gpu(qwen_launch={"limit_mm_per_prompt": explicit} if explicit else None)
-    data["backends"]["qwen2_5_vl_vllm"].update(layout=layout, frames={"nframes": 8})
+    data["backends"]["qwen2_5_vl_vllm"].update(layout=layout, frames={"nframes": 8, "extra_view": extra_view})
     (qwen, *_), _ = replica_commands("qwen2_5_vl_vllm", settings_from_dict(data).backends[
         "qwen2_5_vl_vllm"], ENV)
     assert json.loads(qwen.argv[qwen.argv.index("--limit-mm-per-prompt") + 1]) == expected

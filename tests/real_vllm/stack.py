@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from launchers.processes import group_members
+from proxy.prompting.templates import PromptStore, apply_seed_overrides
 from tests.helpers import PROMPTS_DIR, REPO, wait_until
 
 LAUNCHERS = REPO / "launchers"
@@ -45,6 +46,9 @@ QWEN_DIGIT = "qwen_digit"  # qwen_one_ask on a 0-9 template: one token per value
 QWEN_P_DONE, QWEN_ROBOREWARD = "qwen_p_done", "qwen_roboreward"
 QWEN_GVL = "qwen_gvl"  # GVL's one-call progress: layout shuffled_images, an image per frame on the Qwen replicas
 GVL_IMAGES = 9  # the reference frame and 8 shown frames: the Qwen replicas take this many images too
+# qwen_one_ask with a second camera (frames.extra_view): its own video (the Qwen replicas take two), or
+# side by side with the main view in each frame
+QWEN_TWO_VIDEOS, QWEN_SIDE_BY_SIDE = "qwen_two_videos", "qwen_side_by_side"
 # The tiny checkpoint served as a pooling model (`up` adds --runner pooling --convert embed).
 EMBED, EMBED_MODEL = "embed", "Qwen2.5-VL-embed"
 DIGIT_TEMPLATE = ("variables: {task_text: {}}\nuser: 'How far along is ${task_text}? Answer one digit from 0 to 9.'\n"
@@ -144,7 +148,7 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
             # vLLM on the CPU ignores CUDA_VISIBLE_DEVICES: the GPU indices only feed the plan.
             {"gpus": [0], "port": ports["qwen_r0"], "env": {"VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["qwen_r0"]}},
             {"gpus": [1], "port": ports["qwen_r1"], "env": {"VLLM_CPU_OMP_THREADS_BIND": OMP_BIND["qwen_r1"]}},
-        ]), "limit_mm_per_prompt": {"video": 1, "image": GVL_IMAGES}})  # QWEN_GVL's images too
+        ]), "limit_mm_per_prompt": {"video": 2, "image": GVL_IMAGES}})  # QWEN_GVL's images, QWEN_TWO_VIDEOS' videos
     primo.update(
         endpoints=[f"http://127.0.0.1:{ports['primo']}/v1"],
         max_model_len=MAX_MODEL_LEN,
@@ -162,6 +166,8 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
     gvl = {**one_ask, "prompt": "gvl", "score_mode": "auto", "layout": "shuffled_images",
            "frames": {**one_ask["frames"], "nframes": GVL_IMAGES},
            "sampling": {**one_ask["sampling"], "max_tokens": 256}}  # 8 lines of ~20 tokens
+    two_videos, side_by_side = ({**one_ask, "frames": {**one_ask["frames"], "extra_view": placement}}
+                                for placement in ("second_video", "side_by_side"))
     roboreward = {**one_ask, "prompt": "roboreward", "score_mode": "auto",
                   "sampling": {**one_ask["sampling"], "max_tokens": 16}}  # RoboReward's own budget
     return {
@@ -169,8 +175,19 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
                   "prompts_dir": str(prompts_dir), "audit_log": str(audit_log),
                   "health_interval_s": 1.0},
         "backends": {QWEN: qwen, PRIMO: primo, QWEN_ONE_ASK: one_ask, QWEN_DIGIT: digit, QWEN_P_DONE: p_done,
-                     QWEN_ROBOREWARD: roboreward, QWEN_GVL: gvl, EMBED: embed},
+                     QWEN_ROBOREWARD: roboreward, QWEN_GVL: gvl, QWEN_TWO_VIDEOS: two_videos,
+                     QWEN_SIDE_BY_SIDE: side_by_side, EMBED: embed},
     }
+
+
+def text_only_messages(backend: str) -> list[dict]:
+    """What the proxy sends for this backend's template, minus the image and video parts."""
+    prompt = shipped_backends()[backend]["prompt"]
+    system, user = PromptStore(PROMPTS_DIR).get(prompt).render({"task_text": TASK})
+    system, user = apply_seed_overrides(system, user, TASK, {})
+    messages = [{"role": "system", "content": system}] if system else []
+    return [*messages, {"role": "user", "content": [{"type": "text", "text": user}]}]
+
 
 
 # -- processes -----------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.real_vllm
 
 REPLICAS = {  # name in commands.sh / the run dir -> (port key, served name, OMP bind, limit-mm)
     # the Qwen replicas also take the images of the GVL backend on them (stack.py: QWEN_GVL)
-    f"{QWEN}-r0": ("qwen_r0", QWEN_MODEL, OMP_BIND["qwen_r0"], f'{{"video": 1, "image": {GVL_IMAGES}}}'),
-    f"{QWEN}-r1": ("qwen_r1", QWEN_MODEL, OMP_BIND["qwen_r1"], f'{{"video": 1, "image": {GVL_IMAGES}}}'),
+    f"{QWEN}-r0": ("qwen_r0", QWEN_MODEL, OMP_BIND["qwen_r0"], f'{{"video": 2, "image": {GVL_IMAGES}}}'),
+    f"{QWEN}-r1": ("qwen_r1", QWEN_MODEL, OMP_BIND["qwen_r1"], f'{{"video": 2, "image": {GVL_IMAGES}}}'),
     f"{PRIMO}-r0": ("primo", PRIMO_MODEL, OMP_BIND["primo"], '{"image": 2, "video": 1}'),
 }
 

@@ -21,11 +21,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from proxy.prompting.templates import PromptStore, apply_seed_overrides
 from tests.real_vllm.stack import (
     PRIMO,
     PRIMO_MODEL,
-    PROMPTS_DIR,
     QWEN,
     QWEN_MODEL,
     TASK,
@@ -33,6 +31,7 @@ from tests.real_vllm.stack import (
     episode_source,
     say,
     shipped_backends,
+    text_only_messages,
     vision_tokens_of,
 )
 
@@ -69,20 +68,11 @@ CASES = [Case(b, s, n) for b in (QWEN, PRIMO) for s in ("mp4", "png", "npy") for
 ]
 
 
-def _text_only_messages(backend: str) -> list[dict]:
-    """What the proxy sends for this backend's template, minus the image and video parts."""
-    prompt = shipped_backends()[backend]["prompt"]
-    system, user = PromptStore(PROMPTS_DIR).get(prompt).render({"task_text": TASK})
-    system, user = apply_seed_overrides(system, user, TASK, {})
-    messages = [{"role": "system", "content": system}] if system else []
-    return [*messages, {"role": "user", "content": [{"type": "text", "text": user}]}]
-
-
 def _text_tokens(stack: RealStack) -> dict[str, int]:
     out = {}
     with httpx.Client(timeout=60, trust_env=False) as http:
         for backend, port_key, model in ((QWEN, "qwen_r0", QWEN_MODEL), (PRIMO, "primo", PRIMO_MODEL)):
-            messages = _text_only_messages(backend)
+            messages = text_only_messages(backend)
             url = stack.server_url(port_key)
             tokenized = http.post(f"{url}/tokenize", json={"model": model, "messages": messages})
             assert tokenized.status_code == 200, tokenized.text

@@ -42,6 +42,8 @@ def test_defaults_are_safe():
     (_minimal(sampling={"temprature": 0.1}), "backends.b.sampling.temprature"),
     (_minimal(layout="qwen_image"), "backends.b.layout"),
     (_minimal(frames={"nframes": 0}), "backends.b.frames.nframes"),
+    (_minimal(frames={"extra_view": "above"}), "backends.b.frames.extra_view"),
+    (_minimal(layout="images", frames={"extra_view": "second_video"}), "second_video needs a layout with a video"),
     (_minimal(endpoints=["127.0.0.1:8001"]), "backends.b.endpoints"),
     (_minimal(retry={"backoff_s": [5, 1]}), "backends.b.retry.backoff_s"),
     ({**_minimal(), "proxy": {"port": 70000}}, "proxy.port"),

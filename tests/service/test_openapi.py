@@ -123,12 +123,15 @@ def _within_the_episode(case):
     content-dependent 422 the document cannot state: bring the index into the episode, or leave the
     case out when it cannot be (a one-frame episode has no curve). Caller-made stills and a frame rules
     id depend on the backend's layout and the proxy's current rules, which the document cannot state
-    either: left out here (tests/client/test_ready_frames.py proves both)."""
+    either: left out here (tests/client/test_ready_frames.py proves both); so does a second camera
+    (extra_view), which a backend takes only when its frames.extra_view places one
+    (tests/service/test_two_cameras.py)."""
     body, count = case.body, None
     for episode in [body, *(body.get("items") or [])] if isinstance(body, dict) else []:
         if isinstance(episode, dict):
             episode.pop("stills", None)
             episode.pop("frame_rules", None)
+            episode.pop("extra_view", None)
     if case.operation.path.startswith("/progress/") and isinstance(body, dict) and isinstance(body.get("items"), list):
         items = [item for item in body["items"] if isinstance(item, dict)]
         for item in items:  # each item an episode, as a /score body
