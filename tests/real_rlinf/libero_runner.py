@@ -36,7 +36,7 @@ optional:
                          simulator's success flag of that env reads True (see below)
     wait_for             {"url": ..., "timeout_s": 600}: before the reset, poll the URL until
                          it answers 200 (e.g. a proxy in front of a `vllm serve` still loading)
-    keep_frames          true: the .npz output holds this episode's main_images
+    keep_frames          true: the .npz output holds this episode's main_images (and wrist_images)
 
 The first scenario's settings go into the config LiberoEnv is built with, so its reward hook
 comes from the patched `__init__` itself. For each later scenario the runner sets the same
@@ -402,6 +402,7 @@ class Recorder:
     def __init__(self, keep_frames: bool) -> None:
         self.keep_frames = keep_frames
         self.frames: list[Any] = []  # main_images per observation, N×H×W×3 (keep_frames only)
+        self.wrists: list[Any] = []  # wrist_images likewise (keep_frames only)
         self.frame_sha: list[list[str]] = []
         self.wrist_sha: list[list[str]] = []
         self.states: list[Any] = []
@@ -428,6 +429,8 @@ class Recorder:
         self.frame_sha.append(_sha(images))
         if "wrist_images" in obs:
             self.wrist_sha.append(_sha(obs["wrist_images"]))
+            if self.keep_frames:
+                self.wrists.append(np.array(_np(obs["wrist_images"]), copy=True))
         if "states" in obs:
             self.states.append(_np(obs["states"]).tolist())
         self.task_descriptions.append([str(t) for t in obs.get("task_descriptions", [])])
@@ -545,6 +548,7 @@ def run_episode(env: Any, cfg: Any, scenario: dict[str, Any], index: int, action
                               "use_rel_reward": hook.use_rel_reward, "binary_reward": hook.config.binary_reward,
                               "success_threshold": hook.config.success_threshold,
                               "transport": hook.config.transport, "endpoint": hook.config.endpoint,
+                              "extra_view": getattr(hook.config, "extra_view", None),
                               "reward_source": getattr(hook.config, "reward_source", None),
                               "progress_coef": getattr(hook.config, "progress_coef", None),
                               "on_no_reference": getattr(hook.config, "on_no_reference", None),
@@ -622,6 +626,7 @@ def run_episode(env: Any, cfg: Any, scenario: dict[str, Any], index: int, action
         [rec.frame_sha, rec.rewards, rec.terminations, rec.truncations, rec.task_descriptions],
         sort_keys=True).encode()).hexdigest()
     out["_frames"] = rec.frames
+    out["_wrists"] = rec.wrists
     return out
 
 
@@ -784,6 +789,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["timings"]["close_s"] = time.perf_counter() - close_t0
 
         frames = {ep["name"]: ep.pop("_frames") for ep in episodes}
+        wrists = {ep["name"]: ep.pop("_wrists") for ep in episodes}
         if multi:
             result["scenarios"] = episodes
         else:  # the single-run layout: the episode's keys at the top level
@@ -799,6 +805,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             if args.out.suffix == ".npz":
                 arrays = {f"main_images__{name}": np.stack(f) for name, f in frames.items() if f}
+                arrays.update({f"wrist_images__{name}": np.stack(f) for name, f in wrists.items() if f})
                 if not multi and frames["run"]:
                     arrays["main_images"] = arrays.pop("main_images__run")
                 np.savez(args.out, result_json=np.array(json.dumps(result)), **arrays)

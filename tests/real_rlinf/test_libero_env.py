@@ -76,9 +76,12 @@ PLAN: list[dict[str, Any]] = [
     {"name": "off", "reward_model": None, "inject_success": {"1": 6}},
     {"name": "binary_rel_inline", "replies": ("49", "50"), "reward_coef": 5.0, "use_rel_reward": True,
      "block": {}, "inject_success": {"1": 6}, "keep_frames": True},
+    # Two cameras: the env's wrist_images (reward_model.extra_view) go as a second video
+    # (the backend's frames.extra_view), the main view as a temp MP4 and the wrist view inline.
     {"name": "continuous_nonrel_path", "replies": ("62", "18"), "reward_coef": 2.5, "use_rel_reward": False,
-     "max_episode_steps": 10, "block": {"binary_reward": False, "transport": "path", "fail_on_request_error": False,
-                                        "fallback": "zero"}, "keep_frames": True},
+     "max_episode_steps": 10, "extra_view": "second_video",
+     "block": {"binary_reward": False, "transport": "path", "fail_on_request_error": False, "fallback": "zero",
+               "extra_view": "wrist_images"}, "keep_frames": True},
     {"name": "zero_unparseable", "replies": (UNPARSEABLE, "90"), "reward_coef": 3.0, "use_rel_reward": True,
      "block": {"binary_reward": False, "fail_on_request_error": False, "fallback": "zero"},
      "inject_success": {"0": 4}},
@@ -114,6 +117,7 @@ class Tier:
     plan: dict[str, dict[str, Any]]
     media_root: Path
     real_vllm: dict[str, Any] = field(default_factory=dict)
+    wrists: dict[str, np.ndarray] = field(default_factory=dict)  # wrist_images, where frames are kept
 
 
 def _user_text(body: dict) -> str:
@@ -137,18 +141,21 @@ def _yaml(path: Path) -> Any:
 
 
 def _proxy_settings(backends: dict[str, str], media_root: Path, audit: Path, *, real: bool = False,
-                    embedders: dict[str, str] | None = None, references: Path | None = None) -> Any:
+                    embedders: dict[str, str] | None = None, references: Path | None = None,
+                    views: dict[str, str] | None = None) -> Any:
     """configs/libero.yaml's proxy and Qwen backend (prompt, sampling, frames as shipped), one
     backend per scenario pointed at that scenario's server, fast retries for the fakes; for run D,
     configs/srpo.yaml's embedding backend (one per scenario, no `launch`) and reference store
-    (in `references`)."""
+    (in `references`). `views`: a backend's frames.extra_view (a second camera), by name."""
     shipped = _yaml(SHIPPED_PROXY)
     qwen = shipped["backends"][QWEN]
     retry = (qwen["retry"] if real else
              {"attempts": 2, "parse_attempts": 2, "backoff_s": [0.01, 0.05], "timeout_s": 30, "deadline_s": 60})
     proxy = {**shipped["proxy"], "allowed_media_roots": [str(media_root)], "prompts_dir": str(REPO / "prompts"),
              "audit_log": str(audit), "health_interval_s": 1.0 if real else 5.0}
-    chosen = {name: {**qwen, "endpoints": [url], "retry": retry} for name, url in backends.items()}
+    chosen = {name: {**qwen, "endpoints": [url], "retry": retry,
+                     "frames": {**qwen["frames"], "extra_view": (views or {}).get(name)}}
+              for name, url in backends.items()}
     if embedders:
         srpo = _yaml(SHIPPED_SRPO)
         embed = {k: v for k, v in srpo["backends"][EMBED].items() if k != "launch"}
@@ -195,6 +202,7 @@ def _finish(proc: subprocess.Popen, out: Path, log: Path, what: str, deadline: f
     with np.load(out) as data:
         result = json.loads(str(data["result_json"]))
         result["_frames"] = {k.split("__", 1)[1]: data[k] for k in data.files if k.startswith("main_images__")}
+        result["_wrists"] = {k.split("__", 1)[1]: data[k] for k in data.files if k.startswith("wrist_images__")}
     return result
 
 
@@ -235,7 +243,8 @@ def tier(tmp_path_factory) -> Tier:
         audit, audit_real = work / "audit.jsonl", work / "audit-real.jsonl"
         proxy = ProxyServerThread(_proxy_settings(
             {n: f.base_url for n, f in fakes.items()}, media_root, audit,
-            embedders={n: f.base_url for n, f in embedders.items()}, references=work / "references")).start()
+            embedders={n: f.base_url for n, f in embedders.items()}, references=work / "references",
+            views={s["name"]: s["extra_view"] for s in plan if s.get("extra_view")})).start()
         proxies.append(proxy)
         proxy_real = None
         if tiny is not None:
@@ -307,7 +316,7 @@ def tier(tmp_path_factory) -> Tier:
         audit_lines.setdefault(line["backend"], []).append(line)
     return Tier(result=result, episodes=episodes, frames=result["_frames"], chats=chats, embeddings=embeddings,
                 references=references, audit=audit_lines, plan={s["name"]: s for s in plan}, media_root=media_root,
-                real_vllm=real_vllm)
+                real_vllm=real_vllm, wrists=result["_wrists"])
 
 
 # -- helpers over the recorded episodes -----------------------------------------------------------
@@ -474,8 +483,8 @@ def _sent_frames(tier: Tier, name: str) -> dict[int, tuple[np.ndarray, dict, lis
     """Per env: the decoded JPEGs of the video the fake vLLM received, the request, their sha256."""
     sent = {}
     for body in tier.chats[name]:
-        [video] = [part for m in body["messages"] if isinstance(m.get("content"), list) for part in m["content"]
-                   if part.get("type") == "video_url"]
+        video = [part for m in body["messages"] if isinstance(m.get("content"), list) for part in m["content"]
+                 if part.get("type") == "video_url"][0]  # the main view (a second camera's video follows it)
         jpegs = decode_video_part(video["video_url"]["url"], num_frames=-1)
         sent[_env_of(body)] = (decode_jpegs(jpegs), body, [hashlib.sha256(j).hexdigest() for j in jpegs])
     return sent
@@ -524,6 +533,39 @@ def test_the_model_gets_the_env_main_images_upright_in_order_at_336(tier, name, 
         assert list(tier.media_root.iterdir()) == []  # the temporary MP4s are gone
 
 
+def test_the_env_wrist_images_go_as_a_second_video_when_the_config_asks(tier):
+    """reward_model.extra_view: wrist_images, to a backend whose frames.extra_view is second_video:
+    the env's own wrist camera, at the steps of the main view's frames, as the second video part
+    (sent inline beside the main view's temp MP4), named in the audit line; not the agent view again."""
+    import cv2
+
+    name = "continuous_nonrel_path"
+    ep = _ok(tier.episodes[name])
+    assert ep["hook_config"]["extra_view"] == "wrist_images"
+    wrists, mains = tier.wrists[name], tier.frames[name]  # [1 + steps, env, 256, 256, 3]
+    assert wrists.shape == mains.shape and wrists.dtype == np.uint8
+    audit = {line["metadata"]["env"]: line for line in tier.audit[name]}
+    assert len(tier.chats[name]) == 2
+    for body in tier.chats[name]:
+        env = _env_of(body)
+        main, wrist = [part for m in body["messages"] if isinstance(m.get("content"), list) for part in m["content"]
+                       if part.get("type") == "video_url"]
+        jpegs = decode_video_part(wrist["video_url"]["url"], num_frames=-1)
+        frames = decode_jpegs(jpegs)
+        extra = audit[env]["frames"]["extra_view"]
+        assert extra["placement"] == "second_video"
+        assert extra["sha256"] == [hashlib.sha256(j).hexdigest() for j in jpegs]
+        end = _end_step(ep, env)
+        indices = uniform_indices(end + 1, 16)
+        assert frames.shape == (len(indices), 336, 336, 3), frames.shape
+        source = np.stack([cv2.resize(wrists[t, env], (336, 336), interpolation=cv2.INTER_CUBIC)
+                           for t in range(end + 1)]).astype(np.int16)
+        errors = [mad(frames[i], source[t]) for i, t in enumerate(indices)]
+        assert max(errors) < 2.5, errors  # one JPEG of the env's own wrist frame
+        agent = [mad(frames[i], cv2.resize(mains[t, env], (336, 336))) for i, t in enumerate(indices)]
+        assert min(agent) > 5 * max(errors), (agent, errors)  # the wrist camera, not the agent view again
+
+
 def test_the_env_success_flag_travels_as_metadata_into_the_audit_log(tier):
     for name in ("binary_rel_inline", "continuous_nonrel_path", "zero_unparseable"):
         ep = tier.episodes[name]
@@ -570,8 +612,8 @@ def _embedded_vector(tier: Tier, name: str, env: int) -> np.ndarray:
 
     want = _progress_lines(tier, name)[env]["frames"]["sha256"]
     for body in tier.embeddings[name]:
-        [video] = [part for m in body["messages"] if isinstance(m.get("content"), list) for part in m["content"]
-                   if part.get("type") == "video_url"]
+        video = [part for m in body["messages"] if isinstance(m.get("content"), list) for part in m["content"]
+                 if part.get("type") == "video_url"][0]  # the main view (a second camera's video follows it)
         jpegs = decode_video_part(video["video_url"]["url"], num_frames=-1)
         if [hashlib.sha256(j).hexdigest() for j in jpegs] == want:
             means = [np.asarray(Image.open(BytesIO(j)).convert("RGB"), np.float64).reshape(-1, 3).mean(0)
