@@ -49,7 +49,7 @@ class EpisodeTrace:
             "prompt": self.prompt.model_dump() if self.prompt else None,
             "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
                                                        "sampled_fps", "vision_tokens", "sha256", "still_sha256",
-                                                       "forwarded"})
+                                                       "forwarded", *(("extra_view",) if self.frames.extra_view else ())})
                        if self.frames else None),
             "frame_store": self.frame_store,
             "sampling": self.sampling, "asks": self.asks,

@@ -187,6 +187,18 @@ def test_a_backend_on_another_backends_replicas_is_checked_against_their_mm_limi
     assert not [w for w in plan_of(data).warnings if w.startswith("backend gvl")]
 
 
+def test_a_two_camera_backend_on_one_video_replicas_is_warned_about():
+    """A second camera as its own video (frames.extra_view: second_video) on replicas started for one."""
+    data = four_gpu()
+    qwen = data["backends"]["qwen2_5_vl_vllm"]
+    two = {k: v for k, v in qwen.items() if k != "launch"}
+    data["backends"]["two_cameras"] = {**two, "frames": {"extra_view": "second_video"}}
+    warnings = [w for w in plan_of(data).warnings if w.startswith("backend two_cameras")]
+    assert len(warnings) == 1 and "limit_mm_per_prompt to {'video': 2}" in warnings[0], warnings
+    data["backends"]["two_cameras"]["frames"]["extra_view"] = "side_by_side"  # one video: nothing to warn of
+    assert not [w for w in plan_of(data).warnings if w.startswith("backend two_cameras")]
+
+
 def test_shell_line_quotes_like_a_shell_would_read_it():
     line = shell_line(["vllm", "serve", "/m/it's", "--limit-mm-per-prompt", '{"video": 1}'],
                       {"CUDA_VISIBLE_DEVICES": "0,1"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,7 +124,10 @@ def test_second_video_is_the_wrist_view_at_the_main_views_indices(stack: Stack) 
     one = frame_rules.vision_tokens(height, width, 16, video=True)
     assert tuple(extra["size"]) == (width, height) and extra["vision_tokens"] == one
     assert frames["vision_tokens"] == 2 * one
-    # Both views' JPEGs are in the frame store, by the hashes the answer gives.
+    # The audit line names the second view as the answer does; both views' JPEGs are in the frame store.
+    stack.proxy.flush_audit()
+    audit = json.loads(Path(stack.proxy.settings.proxy.audit_log).read_text().splitlines()[-1])
+    assert audit["frames"]["extra_view"] == extra and audit["frames"]["vision_tokens"] == 2 * one
     for sha in [*frames["sha256"], *extra["sha256"]]:
         assert frame_path(stack.frame_store, sha).read_bytes() and \
             hashlib.sha256(frame_path(stack.frame_store, sha).read_bytes()).hexdigest() == sha
