@@ -93,6 +93,8 @@ def episode_request(line: dict, store: Path, backend: str, number: int = 0) -> d
     hashes = frames.get("sha256") or []
     if not hashes or not line.get("task_text"):
         return "no frames recorded"
+    if frames.get("extra_view"):  # the store holds both views, but a replay rebuilds one
+        return "a second camera (not replayed yet)"
     try:
         jpegs = [frame_path(store, digest).read_bytes() for digest in hashes]
     except (OSError, ValueError):
@@ -111,7 +113,10 @@ def episode_request(line: dict, store: Path, backend: str, number: int = 0) -> d
     if asked.get("max_pixels"):
         body["max_pixels"] = asked["max_pixels"]
     # the scale and the estimator travel; sampling and prompt text are what a replay changes
-    carried = {k: v for k, v in (asked.get("backend_kwargs") or {}).items() if k in REPLAY_CARRIES}
+    kwargs = asked.get("backend_kwargs") or {}
+    carried = {k: v for k, v in kwargs.items() if k in REPLAY_CARRIES}
+    if carried.get("samples", 1) != 1 and "temperature" in kwargs:  # k samples: at the temperature asked
+        carried["temperature"] = kwargs["temperature"]
     if carried:
         body["backend_kwargs"] = carried
     return body

@@ -15,6 +15,9 @@ from proxy.schemas import FramesInfo, PromptInfo
 __all__ = ["EpisodeTrace"]
 
 
+EXTRA_VIEW = {False: (), True: ("extra_view",)}  # a second camera's record, on the lines that have one
+
+
 @dataclass
 class EpisodeTrace:
     """What one episode went through so far: the audit line of a success and of a failure."""
@@ -49,7 +52,7 @@ class EpisodeTrace:
             "prompt": self.prompt.model_dump() if self.prompt else None,
             "frames": (self.frames.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
                                                        "sampled_fps", "vision_tokens", "sha256", "still_sha256",
-                                                       "forwarded", *(("extra_view",) if self.frames.extra_view else ())})
+                                                       "forwarded", *EXTRA_VIEW[self.frames.extra_view is not None]})
                        if self.frames else None),
             "frame_store": self.frame_store,
             "sampling": self.sampling, "asks": self.asks,

@@ -100,7 +100,7 @@ def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptT
         answer = template.answer
     else:
         answer = replace(template.answer, scale=scale_for_mode(score_mode, template.answer.scale))
-    estimate = _estimate(estimate_kwargs, template.name, answer, sampling)
+    estimate = _estimate(estimate_kwargs, template.name, answer, sampling, "temperature" in overrides)
     return ResolvedRequest(sampling=sampling, score_mode=score_mode, answer=answer, variables=variables,
                            prompt_overrides=prompt_overrides, limits=limits, requested_nframes=requested,
                            estimate=estimate, upstream_fields=_upstream_fields(estimate, answer),
@@ -227,7 +227,8 @@ def _whole_number(value: Any) -> int | None:
     return int(value) if float(value).is_integer() else None
 
 
-def _estimate(kwargs: dict[str, Any], prompt: str, answer: AnswerSpec, sampling: SamplingConfig) -> Estimate:
+def _estimate(kwargs: dict[str, Any], prompt: str, answer: AnswerSpec, sampling: SamplingConfig,
+              temperature_sent: bool) -> Estimate:
     """samples / reduce / quorum / logprob_score / constrain, checked against each other."""
     for key in ("constrain", "logprob_score"):
         if key in kwargs and not isinstance(kwargs[key], bool):
@@ -235,9 +236,11 @@ def _estimate(kwargs: dict[str, Any], prompt: str, answer: AnswerSpec, sampling:
     samples = _whole_number(kwargs.get("samples", 1))
     if samples is None or not 1 <= samples <= MAX_SAMPLES:
         raise _kwarg_error("samples", f"must be an integer from 1 to {MAX_SAMPLES}")
-    if samples > 1 and sampling.temperature == 0:
-        raise _kwarg_error("samples", "needs temperature > 0 (greedy decoding gives k copies of one reply): "
-                                      "add backend_kwargs.temperature")
+    # The temperature k replies are sampled at is the caller's to state, as the API document says: a
+    # backend's default (greedy, or PRIMO-R1's 0.01) gives k copies of one reply and a spread of 0.
+    if samples > 1 and (not temperature_sent or sampling.temperature == 0):
+        raise _kwarg_error("samples", "needs a temperature > 0 sent with it (greedy or near-greedy decoding gives "
+                                      "k copies of one reply): add backend_kwargs.temperature")
     reduce = kwargs.get("reduce", "median")
     if reduce not in REDUCTIONS:
         raise _kwarg_error("reduce", f"must be one of {', '.join(REDUCTIONS)}")

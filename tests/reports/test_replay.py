@@ -4,6 +4,7 @@ each episode into the new audit log, and what cannot be replayed is counted, nev
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tests.fakes.episodes import npy_b64
 from tests.fakes.grader import grader, grader_score, outcome_episode
 from vlm_protocol.frame_store import frame_path
 from vlm_reward_cli import main
+from vlm_reward_cli.replay import episode_request
 
 QWEN, PRIMO = "qwen2_5_vl_vllm", "PRIMO-R1"
 EPISODES = [(i, i % 3 != 0) for i in range(9)]  # (episode id, env success)
@@ -149,3 +151,19 @@ def test_replay_keeps_the_requests_scale_budget_and_rates(recorded, proxy_factor
     assert replayed["frames"]["size"] == original["frames"]["size"]
     assert replayed["frames"]["sampled_fps"] == original["frames"]["sampled_fps"]
     assert replayed["sampling"]["temperature"] != 0.4  # the replay backend's own sampling
+
+
+def test_a_k_sample_line_is_replayed_at_its_temperature_and_a_two_camera_line_is_named(tmp_path):
+    """k samples need the temperature they were drawn at (the proxy refuses k without one); a line with
+    a second camera is not replayed with one view, and says why."""
+    jpeg = b"\xff\xd8 a stored frame"
+    digest = hashlib.sha256(jpeg).hexdigest()
+    path = frame_path(tmp_path, digest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(jpeg)
+    line = {"task_text": "t", "backend": QWEN, "frames": {"sha256": [digest]},
+            "asked": {"backend_kwargs": {"samples": 4, "temperature": 0.6, "top_p": 0.9}}}
+    body = episode_request(line, tmp_path, QWEN)
+    assert body["backend_kwargs"] == {"samples": 4, "temperature": 0.6}  # top_p is the replay backend's
+    two = {**line, "frames": {"sha256": [digest], "extra_view": {"placement": "second_video"}}}
+    assert episode_request(two, tmp_path, QWEN) == "a second camera (not replayed yet)"
