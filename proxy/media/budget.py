@@ -58,6 +58,7 @@ class DecodeBudget:
     source_bytes: int = 0  # the largest source frame in flight (one at a time)
     kept_bytes: int = 0  # frames kept at a sent size
     peak_bytes: int = 0
+    earlier_sources: int = 0  # bytes kept by the request's earlier source (proxy/media/views.py sets it)
 
     @classmethod
     def unbounded(cls) -> DecodeBudget:
@@ -66,9 +67,9 @@ class DecodeBudget:
 
     def check_plan(self, needed_bytes: int) -> None:
         """Refuse up front what would not fit (before the first frame is decoded), beside what the
-        request already keeps (a second camera's frames come after the first's)."""
-        if needed_bytes + self.kept_bytes > self.caps.max_decoded_bytes:
-            raise self._over(needed_bytes + self.kept_bytes)
+        request's earlier source keeps (a second camera's plan beside the first's frames)."""
+        if needed_bytes + self.earlier_sources > self.caps.max_decoded_bytes:
+            raise self._over(needed_bytes + self.earlier_sources)
 
     def hold_source(self, nbytes: int) -> None:
         """A source frame about to be decoded (one at a time: the largest counts)."""

@@ -76,6 +76,7 @@ def prepare_views(limits: FrameLimits, budget: DecodeBudget, placement: Placemen
         return [prefix_indices(count, limits.nframes, prefix_end)]
 
     first = decode_source(per_view, episodes_for, budget, **main)
+    budget.earlier_sources = budget.kept_bytes  # the second view's plan is checked beside these
     # side_by_side: the stills are composed too (PRIMO-R1's first and last frame show both views)
     second = _as_extra_view(lambda: decode_source(per_view if side else replace(per_view, stills=False),
                                                   _same_count(first.count, episodes_for), budget, **extra))
