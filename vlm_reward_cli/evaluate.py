@@ -98,6 +98,8 @@ def audit_episodes(audit: Path, store: Path, limit: int | None = None) -> list[E
         metadata, hashes = line.get("metadata") or {}, (line.get("frames") or {}).get("sha256") or []
         if not isinstance(metadata.get("env_success"), bool) or len(hashes) < 2 or not line.get("task_text"):
             continue
+        if (line.get("frames") or {}).get("extra_view"):  # two cameras: one view (or the composed frames) is
+            continue                                      # not that episode; eval rebuilds one camera only
         try:
             paths = tuple(frame_path(store, digest) for digest in hashes)
         except ValueError:

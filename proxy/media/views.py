@@ -40,7 +40,8 @@ def check_views(placement: Placement | None, *, given: bool, frame_rules: bool) 
                              "extra_view is refused rather than scored without it", field="extra_view")
     if placement is not None and not given:
         raise InvalidRequest(f"this backend places a second camera (frames.extra_view: {placement}): send "
-                             "extra_view (the wrist view) with the episode", field="extra_view")
+                             "extra_view (the wrist view) with the episode, on /score, /score/batch or "
+                             "/progress/batch (the routes that take one)", field="extra_view")
     if placement == "side_by_side" and frame_rules:
         raise InvalidRequest("frames sent with frame_rules are forwarded as they are, but side_by_side composes "
                              "the two views into each frame: send raw frames", field="frame_rules")
@@ -119,8 +120,15 @@ def _side_by_side(limits: FrameLimits, per_view: FrameLimits, first: DecodedSour
     (main_video, main_still), (other_video, other_still) = sizes
 
     def beside(size: Size, other: Size) -> Size:
-        """The second view's size beside a part of `size`: the same height, its own aspect."""
+        """The second view's size beside a part of `size`: the same height, its own aspect. Never more
+        pixels than its own half of the budget gave it: views of other shapes (a tall one beside a wide
+        one) would make a frame many times the budget, so they are refused, never stretched."""
         width = max(PATCH_FACTOR, round(other[1] * size[0] / other[0] / PATCH_FACTOR) * PATCH_FACTOR)
+        if size[0] * width > other[0] * other[1] + size[0] * PATCH_FACTOR:  # one patch column of rounding
+            raise MediaDecodeError(f"side_by_side: the second view ({other[1]}x{other[0]} as sized) beside the "
+                                   f"main view's height {size[0]} would take {width} columns, more pixels than its "
+                                   "half of the budget: the two views need about one aspect ratio",
+                                   field="extra_view")
         return size[0], width
 
     def pair(index: int, size: Size, other: Size) -> bytes:

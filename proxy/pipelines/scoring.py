@@ -276,12 +276,13 @@ class Scorer:
                 extra={**self.source_of(request.extra_view), "fps": request.fps}))
         else:
             frames = await self.media.run(lambda budget: self._load_frames(request, limits, budget))
-            if request.frame_rules is not None and frames.forwarded != len(frames.jpegs) + len(frames.stills):
-                # The caller said it encoded for these rules: a frame the proxy had to redo is its bug, never
-                # a silent second resize of already-resized pixels.
-                raise InvalidRequest(f"frames sent with frame_rules must be RGB JPEGs at the rules' sizes (forwarded "
-                                     f"as they are); {len(frames.jpegs) + len(frames.stills) - frames.forwarded} "
-                                     "were not: send raw frames instead", field="frames")
+        made = len(frames.jpegs) + len(frames.stills)  # the main view's (a second camera's go raw)
+        if encoded is None and request.frame_rules is not None and frames.forwarded != made:
+            # The caller said it encoded for these rules: a frame the proxy had to redo is its bug, never
+            # a silent second resize of already-resized pixels.
+            raise InvalidRequest(f"frames sent with frame_rules must be RGB JPEGs at the rules' sizes (forwarded "
+                                 f"as they are); {made - frames.forwarded} were not: send raw frames instead",
+                                 field="frames")
         fps = presentation_fps(cfg, request, frames)
         info = FramesInfo(
             count=len(frames.jpegs), requested=requested, indices=frames.indices,

@@ -76,7 +76,9 @@ class ProgressScorer:
                                                                          "max_source_pixels")}
         what = {"layout": cfg.layout, "request_mm_kwargs": cfg.request_mm_kwargs, "sizing": sizing,
                 "prompt": self._scorer.prompts.get(cfg.prompt).sha256 if cfg.prompt else None,
-                "fps": (item.video_fps or cfg.frames.default_video_fps) if fps == "seed" else fps}
+                "fps": (item.video_fps or cfg.frames.default_video_fps) if fps == "seed" else fps,
+                # a second camera makes other vectors (absent on one camera: stored spaces keep their keys)
+                **({"extra_view": cfg.frames.extra_view} if cfg.frames.extra_view else {})}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
     @staticmethod

@@ -76,8 +76,8 @@ def reference_vllm() -> tuple[str, str] | None:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment for subprocesses: no proxies (loopback only), no PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in _PROXY_VARS and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env = {k: v for k, v in os.environ.items()  # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes
+           if k not in _PROXY_VARS and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VLLM_CPU_KVCACHE_SPACE")}
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     env.update(extra)
     return env

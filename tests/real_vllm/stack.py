@@ -70,7 +70,9 @@ EXTRA_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype",
 ENV_PYTHON, ENV_VLLM, ENV_REQUIRE = "VLM_REFERENCE_PYTHON", "VLM_REFERENCE_VLLM", "VLM_REQUIRE_REAL"
 _ENV_DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
                 "http_proxy", "https_proxy", "all_proxy", "VLLM_API_KEY", "OPENAI_API_KEY",
-                "OPENAI_BASE_URL", "CUDA_VISIBLE_DEVICES")
+                "OPENAI_BASE_URL", "CUDA_VISIBLE_DEVICES",
+                # vLLM 0.32 lets this override --kv-cache-memory-bytes (EXTRA_ARGS): never inherited
+                "VLLM_CPU_KVCACHE_SPACE")
 
 
 def say(line: str) -> None:

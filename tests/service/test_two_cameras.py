@@ -197,11 +197,17 @@ def test_a_video_file_and_images_are_views_too(stack: Stack) -> None:
     ("two_videos", {"extra_view": {"frames_npy": "bm90IGFuIG5weQ=="}}, 422, "extra_view.frames_npy", "extra_view:"),
     ("two_videos", {"extra_view": {"video_path": "/etc/passwd"}}, 403, "extra_view.video_path", "extra_view:"),
     ("side_by_side", {"frame_rules": "current"}, 422, "frame_rules", "side_by_side composes"),
+    # raw frames that claim the backend's current rules: refused as for one camera, never resized again
+    ("two_videos", {"frame_rules": "current"}, 422, "frames", "must be RGB JPEGs at the rules' sizes"),
+    # a tall view beside a wide one would be a frame many times the pixel budget: refused, never stretched
+    ("side_by_side", {"frames_npy": npy_b64(episode_frames(COUNT, 512, 32)),
+                      "extra_view": {"frames_npy": npy_b64(wrist_frames(COUNT, 32, 512))}}, 422, "extra_view",
+     "more pixels than its half of the budget"),
 ])
 def test_a_second_view_that_does_not_fit_is_refused_never_dropped(stack: Stack, backend, fields, status, field,
                                                                  words) -> None:
     if fields.get("frame_rules") == "current":  # the backend's rules as they are now (not a 409 for old ones)
-        fields = {"frame_rules": stack.http.get("/frame-rules").json()["backends"][backend]["rules_id"]}
+        fields = {**fields, "frame_rules": stack.http.get("/frame-rules").json()["backends"][backend]["rules_id"]}
     response = stack.score(backend, **fields)
     assert response.status_code == status, response.text
     error = response.json()["error"]
