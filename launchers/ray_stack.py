@@ -107,11 +107,11 @@ class RayReplicas:
                                        f"cluster: {free}")
             waiting.pop(0)
 
-    def start(self) -> None:
+    def start(self, timeout_s: float) -> None:
         for r in self.replicas:
-            self._start(r)
+            self._start(r, timeout_s)
 
-    def _start(self, r: RayReplica) -> None:
+    def _start(self, r: RayReplica, timeout_s: float) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if r.actor is None:
@@ -119,7 +119,7 @@ class RayReplicas:
                 name=f"{self.run_id}/{r.name}", namespace=NAMESPACE, num_cpus=1, num_gpus=len(r.command.gpus),
                 resources=self.pinned, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
                     r.placement_group, placement_group_bundle_index=0)).remote(r.name, self.run_id)
-            r.node = self._call(r.actor.node)
+            r.node = self._first_answer(r, timeout_s)
         env = {k: v for k, v in r.command.full_env().items() if k != "CUDA_VISIBLE_DEVICES"}
         try:
             r.pid = self._call(r.actor.start, r.argv(), env)
@@ -129,6 +129,19 @@ class RayReplicas:
         self.say(f"started {r.name} on node {r.node['node_id'][:12]} ({r.node['node_ip']}), "
                  f"GPU{'s' if len(r.node['gpus']) > 1 else ''} {','.join(r.node['gpus'])}, "
                  f"pid {r.pid}, {r.url}; log on that node: {r.node['log']}")
+
+    def _first_answer(self, r: RayReplica, timeout_s: float) -> dict:
+        """A new actor is a new worker process on its node, and a busy node takes longer than one
+        call's _CALL_TIMEOUT_S to start it (CI saw it): its first answer gets the start-up budget,
+        watched like placing (a stop request still ends the wait at once)."""
+        answer = r.actor.node.remote()
+        deadline = time.monotonic() + timeout_s
+        while not self.ray.wait([answer], timeout=self.poll_interval_s)[0]:
+            if self._stop():
+                raise StopRequested
+            if time.monotonic() > deadline:
+                raise StackFailure(f"the Ray actor for {r.name} did not start on its node within {timeout_s:.0f}s")
+        return self.ray.get(answer)
 
     def _call(self, method: Any, *args: Any) -> Any:
         return self.ray.get(method.remote(*args), timeout=_CALL_TIMEOUT_S)
@@ -229,7 +242,9 @@ class RayReplicas:
                 continue
             r.restarts += 1
             try:
-                self._start(r)
+                self._start(r, restart_timeout_s)
+            except StopRequested:
+                raise
             except Exception as err:  # noqa: BLE001 - one replica's failure never stops the others
                 self._remove(r, f"it could not be restarted: {type(err).__name__}: {err}")
                 continue

@@ -93,7 +93,7 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
         placed.append(replicas)
         signals.catch()  # ray.init sets its own SIGTERM handler (sys.exit), which would skip the clean stop
         replicas.place(args.timeout)
-        replicas.start()
+        replicas.start(args.timeout)
         replicas.wait_ready(args.timeout)
         placement_file = run_dir / "placement.json"
         write_json_atomically(placement_file, replicas.placement())
