@@ -125,6 +125,8 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
     schemas["DenseRequest"].setdefault("not", {"required": ["points", "prefix_ends"],
                                                "properties": {"points": {"type": "integer"},
                                                               "prefix_ends": {"type": "array"}}})
+    if "ViewSource" in schemas:  # extra_view: the same inline-frame cap as the main view
+        schemas["ViewSource"]["properties"]["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items
     _each_item_on_its_own(schemas["BatchScoreRequest"], "ScoreRequest")
     schemas["EndpointChange"]["properties"]["backend"] = {  # POST /admin/endpoints: any kind

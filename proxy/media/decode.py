@@ -66,20 +66,23 @@ def prefix_count(count: int, prefix_end: int | None) -> int:
 def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], budget: DecodeBudget, *,
                   video_path: str | Path | None = None, media_roots: Sequence[Path] = (),
                   frames: list[str] | None = None, frames_npy: str | None = None,
-                  fps: float | None = None, stills: list[str] | None = None) -> DecodedSource:
+                  fps: float | None = None, stills: list[str] | None = None, field_prefix: str = "") -> DecodedSource:
     """Decode the frames `episodes_for(count)` names, from the one source given (a video_path is
     opened and checked here: proxy/media/file.py). `stills`: the caller's own first and last still
-    images (with `frames`), instead of stills made from the first and last frame."""
+    images (with `frames`), instead of stills made from the first and last frame. `field_prefix`
+    names the request object the source is in (`extra_view.`) in the budget's and the source's
+    errors, raised during this call or later (frame_at)."""
     started = time.perf_counter()
     source_fps = fps or limits.default_source_fps
     if stills is not None:
         limits = replace(limits, stills=False)  # the frames are planned at the video size only
     if video_path is not None:
+        budget.field = f"{field_prefix}video_path"
         with open_video(str(video_path), list(media_roots)) as video:
             source = read_video(video, limits, episodes_for, budget)
     elif frames is not None:
         _check_inline_count(len(frames), "frames", limits)
-        budget.field = "frames"
+        budget.field = f"{field_prefix}frames"
         source = DecodedSource(len(frames), source_fps, "frames")
         sizes_of = _sizes_by_shape(limits, episodes_for(len(frames)), "frames")
         for i in sorted({i for episode in sizes_of.episodes for i in episode}):  # only the kept ones
@@ -97,6 +100,7 @@ def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], 
         source.stills = [_read_still(data, k, limits, budget) for k, data in enumerate(stills)]
         if len({size for _, size, _ in source.stills}) != 1:
             raise MediaDecodeError("the two stills must have the same size", field="stills")
+    source.field = f"{field_prefix}{source.field}"
     source.load_ms = (time.perf_counter() - started) * 1e3
     return source
 

@@ -80,14 +80,16 @@ def prepare_views(limits: FrameLimits, budget: DecodeBudget, placement: Placemen
     budget.earlier_sources = budget.kept_bytes  # the second view's plan is checked beside these
     # side_by_side: the stills are composed too (PRIMO-R1's first and last frame show both views)
     second = _as_extra_view(lambda: decode_source(per_view if side else replace(per_view, stills=False),
-                                                  _same_count(first.count, episodes_for), budget, **extra))
+                                                  _same_count(first.count, episodes_for), budget, **extra,
+                                                  field_prefix="extra_view."))
     if not side:
         video = encode_prefix(limits, first, prefix_end)
         other = _as_extra_view(lambda: encode_prefix(replace(limits, stills=False), second, prefix_end))
         if other.indices != video.indices:
             missing = sorted(set(video.indices) ^ set(other.indices))[0]
-            raise MediaDecodeError(f"extra_view: frame {missing} could not be decoded in one view only",
-                                   field="extra_view")
+            lost_by = second if missing in video.indices else first
+            raise MediaDecodeError(f"frame {missing} of the episode could not be decoded in {lost_by.field} "
+                                   "(a second video must hold every frame the main one does)", field=lost_by.field)
         return replace(video, extra=other, extra_count=second.count, load_ms=first.load_ms + second.load_ms,
                        encode_ms=(time.perf_counter() - started) * 1e3 - first.load_ms - second.load_ms)
     return _side_by_side(limits, per_view, first, second, prefix_end, started)
@@ -110,7 +112,9 @@ def _side_by_side(limits: FrameLimits, per_view: FrameLimits, first: DecodedSour
     indices = [i for i in wanted if i in first and i in second]  # a frame either view lost is left out of both
     if not indices or indices[0] != wanted[0] or indices[-1] != wanted[-1]:
         missing = wanted[0] if not indices or indices[0] != wanted[0] else wanted[-1]
-        raise MediaDecodeError(f"frame {missing} of the episode could not be decoded in both views", field="extra_view")
+        lost_by = first if missing not in first else second
+        raise MediaDecodeError(f"frame {missing} of the episode (its first or last) could not be decoded in "
+                               f"{lost_by.field}", field=lost_by.field)
     sizes = []
     for view in (first, second):
         shape = view.sizes[indices[0]]

@@ -325,8 +325,10 @@ class Scorer:
             return
         needed = prompt_token_bound(cfg.layout, frames, text_chars) + sampling.max_tokens
         if needed > cfg.max_model_len:
+            second = (f" and a second video of {len(frames.extra.jpegs)} at {frames.extra.width}x{frames.extra.height}"
+                      if frames.extra is not None else "")
             raise TokenBudgetExceeded(
-                f"{len(frames.jpegs)} frames at {frames.width}x{frames.height} need about {needed} "
+                f"{len(frames.jpegs)} frames at {frames.width}x{frames.height}{second} need about {needed} "
                 f"tokens with max_tokens {sampling.max_tokens}, over max_model_len "
                 f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
 

@@ -44,6 +44,7 @@ def wrist_frames(count: int = COUNT, height: int = SIZE, width: int = SIZE) -> n
 
 
 WRIST = wrist_frames()
+TIGHT_MODEL_LEN = 2200  # one 16-frame view at the video floor (~1154 vision tokens) fits, two do not
 MAX_DECODED_MB = 12  # one request's decoded frames: both views of a 16-frame 64x64 episode (2 x 5.4 MB) fit
 
 
@@ -79,6 +80,9 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     data["backends"] = {
         "one_view": qwen,
         "two_videos": {**qwen, "frames": {**qwen["frames"], "extra_view": "second_video"}},
+        # room for one view's tokens, not two (the token check counts the second video)
+        "two_videos_tight": {**qwen, "frames": {**qwen["frames"], "extra_view": "second_video"},
+                             "max_model_len": TIGHT_MODEL_LEN},
         "side_by_side": {**qwen, "frames": {**qwen["frames"], "extra_view": "side_by_side"}},
         "primo_side_by_side": {**primo, "model": qwen["model"], "prompt": qwen["prompt"],
                                "frames": {**primo["frames"], "extra_view": "side_by_side"}},
@@ -197,6 +201,9 @@ def test_a_video_file_and_images_are_views_too(stack: Stack) -> None:
     ("two_videos", {"extra_view": {"frames_npy": "bm90IGFuIG5weQ=="}}, 422, "extra_view.frames_npy", "extra_view:"),
     ("two_videos", {"extra_view": {"video_path": "/etc/passwd"}}, 403, "extra_view.video_path", "extra_view:"),
     ("side_by_side", {"frame_rules": "current"}, 422, "frame_rules", "side_by_side composes"),
+    # the second view's own errors name it, where the composing finds them too
+    ("side_by_side", {"extra_view": {"frames": images_b64(WRIST[:-1]) + images_b64(wrist_frames(1, 32, 32))}}, 422,
+     "extra_view.frames", "must all have the same size"),
     # raw frames that claim the backend's current rules: refused as for one camera, never resized again
     ("two_videos", {"frame_rules": "current"}, 422, "frames", "must be RGB JPEGs at the rules' sizes"),
     # a tall view beside a wide one would be a frame many times the pixel budget: refused, never stretched
@@ -229,6 +236,36 @@ def test_both_views_count_against_one_decode_budget(stack: Stack) -> None:
     assert error["code"] == "media_budget_exceeded" and error["field"] == "extra_view.frames", error
     assert error["limit"] == "proxy.max_decoded_mb" and error["needed"] > MAX_DECODED_MB
     assert len(stack.fake.chat_requests) == 1  # the one-view episode only
+
+
+def test_a_video_second_view_over_the_budget_names_its_own_field(stack: Stack) -> None:
+    """The main view's inline frames set the budget's field first; the second view's video names its own."""
+    path = write_mp4(stack.media / "wrist_budget.mp4", WRIST)
+    response = stack.score("two_videos", frames=images_b64(MAIN), frames_npy=None, nframes=24,
+                           extra_view={"video_path": str(path)})
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "media_budget_exceeded" and error["field"] == "extra_view.video_path", error
+    assert stack.fake.chat_requests == []
+
+
+def test_the_token_check_counts_the_second_video(stack: Stack) -> None:
+    response = stack.score("two_videos_tight")
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "token_budget", error
+    assert "and a second video of 16 at" in error["message"] and f"over max_model_len {TIGHT_MODEL_LEN}" in \
+        error["message"], error
+    needed = int(error["message"].split("need about ")[1].split()[0])
+    assert needed > 2 * 1154, error  # both views' vision tokens, and the text
+    assert stack.fake.chat_requests == []
+
+
+def test_the_document_caps_a_second_views_inline_frames_as_the_main_views(stack: Stack) -> None:
+    schemas = stack.http.get("/openapi.json").json()["components"]["schemas"]
+    cap = stack.proxy.settings.proxy.max_inline_frames
+    assert schemas["ViewSource"]["properties"]["frames"]["anyOf"][0]["maxItems"] == cap
+    assert schemas["ScoreRequest"]["properties"]["frames"]["anyOf"][0]["maxItems"] == cap
 
 
 def test_dense_curves_refuse_a_second_view(stack: Stack) -> None:
