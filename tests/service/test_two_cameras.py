@@ -64,8 +64,13 @@ class Stack:
     def videos(self) -> list[list[np.ndarray]]:
         """Each video part of the one chat request made, as decoded RGB frames."""
         (body,) = self.fake.chat_requests
-        return [[decode_jpeg_b64(base64.b64encode(j).decode()) for j in decode_video_part(part["video_url"]["url"], -1)]
-                for part in body["messages"][-1]["content"] if part["type"] == "video_url"]
+        return videos_of(body)
+
+
+def videos_of(body: dict) -> list[list[np.ndarray]]:
+    """Each video part of a chat request, as decoded RGB frames."""
+    return [[decode_jpeg_b64(base64.b64encode(j).decode()) for j in decode_video_part(part["video_url"]["url"], -1)]
+            for part in body["messages"][-1]["content"] if part["type"] == "video_url"]
 
 
 @pytest.fixture(scope="module")
@@ -326,25 +331,48 @@ def test_a_two_camera_episode_to_a_one_camera_backend_is_a_failure_not_a_score(s
     assert stack.fake.chat_requests == []
 
 
-def test_the_hook_sends_the_envs_wrist_images_when_the_config_asks(stack: Stack) -> None:
+class SteppedCamerasEnv(StandInLiberoEnv):
+    """Both cameras show the step they were taken at, as a level that survives resizing and JPEG:
+    the main view's green, the wrist view's blue (STEP_LEVEL(step)), so a pair sent out of step shows."""
+
+    def _wrap_obs(self, frames: np.ndarray) -> dict:
+        obs = super()._wrap_obs(frames)
+        main, wrist = obs["main_images"].copy(), np.zeros_like(obs["main_images"])
+        for env, step in enumerate(self._elapsed_steps):
+            main[env, ..., 1] = wrist[env, ..., 2] = step_level(int(step))
+        obs["main_images"], obs["wrist_images"] = main, wrist
+        return obs
+
+
+def step_level(step: int) -> int:
+    return 20 + 6 * step
+
+
+def test_the_hook_sends_the_envs_wrist_images_in_step_with_the_main_view(stack: Stack) -> None:
+    """34 steps through a 16-frame buffer: both cameras' buffers thin out (stride doubling) alike."""
+    steps, nframes, buffered = 34, 8, 16
     cfg = {"reward_coef": 1.0, "use_rel_reward": False, "ignore_terminations": False, "auto_reset": False,
-           "max_episode_steps": 12,
+           "max_episode_steps": steps,
            "reward_model": {"enable": True, "endpoint": f"{stack.proxy.url}/score", "backend": "two_videos",
-                            "timeout": 30, "nframes": 8, "extra_view": "wrist_images"}}
-    env = StandInLiberoEnv(cfg, [5, None], frame_size=56, wrist=True)
+                            "timeout": 30, "nframes": nframes, "buffer_frames": buffered,
+                            "extra_view": "wrist_images"}}
+    env = SteppedCamerasEnv(cfg, [5, None], frame_size=56, wrist=True)
     try:
         env.reset()
-        env.chunk_step(12)
+        env.chunk_step(steps)
     finally:
         env.vlm_reward.close()
     assert env.vlm_reward.failures == 0 and len(stack.fake.chat_requests) == 2
+    last_steps = []
     for body in stack.fake.chat_requests:
-        main, wrist = [decode_video_part(p["video_url"]["url"], -1) for p in body["messages"][-1]["content"]
-                       if p["type"] == "video_url"]
-        assert len(main) == len(wrist)
-        for jpeg in wrist:
-            frame = decode_jpeg_b64(base64.b64encode(jpeg).decode())
-            assert abs(blue(frame) - 200) < 4 and frame[..., :2].mean() < 4
+        main, wrist = videos_of(body)
+        assert len(main) == len(wrist) == (nframes if len(main) > 6 else 6)  # env 0's episode: 6 frames
+        main_steps = [round((float(f[..., 1].mean()) - 20) / 6) for f in main]
+        wrist_steps = [round((float(f[..., 2].mean()) - 20) / 6) for f in wrist]
+        assert main_steps == wrist_steps and main_steps == sorted(set(main_steps)), (main_steps, wrist_steps)
+        assert all(f[..., 0].mean() < 4 for f in wrist)  # the wrist view, not the main one
+        last_steps.append(main_steps[-1])
+    assert sorted(last_steps) == [5, steps]  # env 0 ended at its success, env 1 ran through the buffer
 
 
 def test_the_hook_stops_loudly_when_the_observation_has_no_such_camera(stack: Stack) -> None:
