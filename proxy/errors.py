@@ -71,6 +71,18 @@ class ProxyError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def within(self, where: str) -> ProxyError:
+        """This error as one of part `where` of the request (`extra_view`, `items[3]`): its field
+        becomes `where.<field>` and its message starts with that name. Already named there: as is."""
+        field = self.details.get("field")
+        if field and (field == where or field.startswith((f"{where}.", f"{where}["))):
+            return self
+        self.details["field"] = f"{where}.{field}" if field else where
+        if isinstance(self, InvalidRequest):
+            self.field = self.details["field"]
+        self.message = f"{self.details['field']}: {self.message}"
+        return self
+
     def to_dict(self, request_id: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
         if self.attempts is not None:

@@ -161,10 +161,4 @@ def _as_extra_view(call: Callable[[], Any]) -> Any:
     try:
         return call()
     except ProxyError as err:
-        field = err.details.get("field")
-        if not (field or "").startswith("extra_view"):
-            err.details["field"] = f"extra_view.{field}" if field else "extra_view"
-            if hasattr(err, "field"):
-                err.field = err.details["field"]
-            err.message = f"extra_view: {err.message}"
-        raise
+        raise err.within("extra_view") from None

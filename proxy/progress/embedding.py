@@ -37,18 +37,16 @@ class Embedder:
     def __init__(self, scorer: Scorer) -> None:
         self.scorer = scorer
 
-    def check(self, request: ScoreRequest, backend: Backend, where: str = "") -> tuple[FrameLimits, int]:
-        """The request's frame limits, or a 422 naming the field at `where` (`items[3].`): run on
+    def check(self, request: ScoreRequest, backend: Backend, where: str | None = None) -> tuple[FrameLimits, int]:
+        """The request's frame limits, or a 422 naming the field within `where` (`items[3]`): run on
         every item before any is embedded."""
-        if request.backend_kwargs:
-            raise InvalidRequest(f"{where}backend_kwargs: an embedding backend takes none (nothing is sampled)",
-                                 field=f"{where}backend_kwargs")
         try:
+            if request.backend_kwargs:
+                raise InvalidRequest("an embedding backend takes no backend_kwargs (nothing is sampled)",
+                                     field="backend_kwargs")
             return frame_limits(request, backend.config, self.scorer.settings.proxy)
         except InvalidRequest as err:
-            err.message, err.field = f"{where}{err.field}: {err.message}", f"{where}{err.field}"
-            err.details["field"] = err.field
-            raise
+            raise (err.within(where) if where else err) from None
 
     async def embed(self, request: ScoreRequest, backend: Backend, *, budget_s: float | None) -> Embedded:
         cfg, scorer = backend.config, self.scorer

@@ -62,7 +62,7 @@ class ProgressScorer:
                 raise InvalidRequest(f"items[{index}].backend names another backend than the request's "
                                      f"({backend.name}): one request, one embedding space",
                                      field=f"items[{index}].backend")
-            limits, _ = self.embedder.check(item, backend, where=f"items[{index}].")
+            limits, _ = self.embedder.check(item, backend, where=f"items[{index}]")
             spaces.append(self._space(backend, item, limits))
         return backend, spaces
 

@@ -203,8 +203,10 @@ def test_a_video_file_and_images_are_views_too(stack: Stack) -> None:
      "holds 23 frames and the main view 24"),
     ("two_videos", {"extra_view": {"frames_npy": npy_b64(WRIST), "frames": images_b64(WRIST[:2])}}, 422, None,
      "exactly one of"),
-    ("two_videos", {"extra_view": {"frames_npy": "bm90IGFuIG5weQ=="}}, 422, "extra_view.frames_npy", "extra_view:"),
-    ("two_videos", {"extra_view": {"video_path": "/etc/passwd"}}, 403, "extra_view.video_path", "extra_view:"),
+    ("two_videos", {"extra_view": {"frames_npy": "bm90IGFuIG5weQ=="}}, 422, "extra_view.frames_npy",
+     "extra_view.frames_npy:"),
+    ("two_videos", {"extra_view": {"video_path": "/etc/passwd"}}, 403, "extra_view.video_path",
+     "extra_view.video_path:"),
     ("side_by_side", {"frame_rules": "current"}, 422, "frame_rules", "side_by_side composes"),
     # the second view's own errors name it, where the composing finds them too
     ("side_by_side", {"extra_view": {"frames": images_b64(WRIST[:-1]) + images_b64(wrist_frames(1, 32, 32))}}, 422,
