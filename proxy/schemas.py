@@ -83,9 +83,10 @@ def _not_null(field: str) -> dict[str, Any]:
 IMAGE_FORMAT, NPY_FORMAT, MEDIA_PATH_FORMAT = "image-base64", "npy-base64", "media-path"
 
 
-class ViewSource(BaseModel):
-    """A second camera of the same episode (ScoreRequest.extra_view): one source, as the main view's
-    fields take it, with as many frames as the main view (they are taken at the same indices)."""
+class FrameSource(BaseModel):
+    """Exactly one source of an episode's frames: a video file under proxy.allowed_media_roots;
+    base64 PNG/JPEG images of one size, in order (data: URLs accepted); or base64 of a .npy uint8
+    TxHxWx3 array. The main view of /score and /compare, and the second camera (extra_view)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "oneOf": [_not_null("video_path"), _not_null("frames"), _not_null("frames_npy")]})
@@ -94,27 +95,28 @@ class ViewSource(BaseModel):
     frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
     frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
 
+    def source_name(self) -> str:
+        return next(n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None)
+
     @model_validator(mode="after")
-    def _one_source(self) -> ViewSource:
+    def _one_source(self) -> FrameSource:
         given = [n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None]
         if len(given) != 1:
-            raise ValueError("extra_view takes exactly one of video_path, frames, frames_npy"
+            raise ValueError("give exactly one of video_path, frames, frames_npy"
                              + (f" (got {', '.join(given)})" if given else ""))
         return self
 
 
-class ScoreRequest(BaseModel):
-    """POST /score. Field names follow the seed server so its clients keep working."""
+class ViewSource(FrameSource):
+    """A second camera of the same episode (ScoreRequest.extra_view): one source, as the main view's
+    fields take it, with as many frames as the main view (they are taken at the same indices)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "oneOf": [_not_null("video_path"), _not_null("frames"), _not_null("frames_npy")]})
+
+class ScoreRequest(FrameSource):
+    """POST /score: the episode's frames (FrameSource) and what to score them for. Field names
+    follow the seed server so its clients keep working."""
 
     task_text: str = Field(min_length=1, max_length=4096)
-    # Exactly one source of frames: a video file under proxy.allowed_media_roots; base64 PNG/JPEG
-    # images of one size, in order (data: URLs accepted); or base64 of a .npy uint8 T×H×W×3 array.
-    video_path: Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT})] | None = None
-    frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
-    frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
     # With `frames`, for a layout that sends the first and last frame as still images (PRIMO-R1's):
     # those two stills as the caller encoded them (GET /frame-rules gives their size), instead of
     # the proxy making them from the first and last frame.
@@ -145,15 +147,9 @@ class ScoreRequest(BaseModel):
         return json_number(value)
 
     @model_validator(mode="after")
-    def _one_source(self) -> ScoreRequest:
-        given = [n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of video_path, frames, frames_npy"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
+    def _stills_with_frames(self) -> ScoreRequest:
         if getattr(self, "stills", None) is not None and self.frames is None:
-            raise ValueError("stills come with frames (images the caller encoded), not with " + given[0])
+            raise ValueError("stills come with frames (images the caller encoded), not with " + self.source_name())
         if getattr(self, "stills", None) is not None and getattr(self, "extra_view", None) is not None:
             raise ValueError("stills are one camera's: with extra_view the proxy makes them from both views")
         return self
@@ -285,14 +281,9 @@ class BatchScoreResponse(BaseModel):
     summary: dict[str, int]  # ok, failed
 
 
-class CompareEpisode(BaseModel):
+class CompareEpisode(FrameSource):
     """One episode of POST /compare: exactly one source of frames, as in /score."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=ScoreRequest.model_config["json_schema_extra"])
-
-    video_path: Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT})] | None = None
-    frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
-    frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
     fps: float | None = Field(None, ge=0.01, le=1000)  # source rate of inline frames
     metadata: EpisodeMetadata | None = None  # recorded in the audit line, never sent to the model
 
@@ -300,10 +291,6 @@ class CompareEpisode(BaseModel):
     @classmethod
     def _numbers_as_sent(cls, value: object) -> object:
         return json_number(value)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> CompareEpisode:
-        return ScoreRequest._one_source(self)  # type: ignore[arg-type]  # the same three fields
 
 
 class CompareRequest(BaseModel):
