@@ -84,17 +84,28 @@ def prepare_frames(limits: FrameLimits, budget: DecodeBudget | None = None, *, p
     return encode_prefix(limits, decoded, prefix_end)
 
 
-def encode_prefix(limits: FrameLimits, decoded: DecodedSource, prefix_end: int | None = None) -> EncodedFrames:
+def decodable_indices(wanted: list[int], *views: DecodedSource) -> list[int]:
+    """The wanted frames every view holds: a video frame that would not decode (in any view) is left
+    out, as the frame rules allow; never the first or the last, which the model judges by (PRIMO-R1's
+    two stills): the error names the view that lost it."""
+    indices = [i for i in wanted if all(i in view for view in views)]
+    for end in (wanted[0], wanted[-1]):
+        if not indices or end not in (indices[0], indices[-1]):
+            lost_by = next(view for view in views if end not in view)
+            raise MediaDecodeError(f"frame {end} of the episode (its first or last) could not be decoded"
+                                   + (f" in {lost_by.field}" if len(views) > 1 else ""), field=lost_by.field)
+    return indices
+
+
+def encode_prefix(limits: FrameLimits, decoded: DecodedSource, prefix_end: int | None = None, *,
+                  indices: list[int] | None = None) -> EncodedFrames:
     """Sample → resize (one size for all: vLLM refuses mixed sizes) → JPEG once. Video frames follow
     qwen-vl-utils' video rule; stills (first and last frame) its image rule. A JPEG already made for
-    the same frame at the same size (another prefix of a dense curve) is reused."""
+    the same frame at the same size (another prefix of a dense curve) is reused. `indices`: the
+    frames to send, already picked (both cameras' common ones: proxy/media/views.py)."""
     started = time.perf_counter()
-    wanted = prefix_indices(decoded.count, limits.nframes, prefix_end)
-    indices = [i for i in wanted if i in decoded]  # a video frame that would not decode is left out
-    if not indices or indices[0] != wanted[0] or indices[-1] != wanted[-1]:
-        # The first and the last frame are what the model judges by (PRIMO-R1's two stills): never another.
-        missing = wanted[0] if not indices or indices[0] != wanted[0] else wanted[-1]
-        raise MediaDecodeError(f"frame {missing} of the episode could not be decoded", field=decoded.field)
+    if indices is None:
+        indices = decodable_indices(prefix_indices(decoded.count, limits.nframes, prefix_end), decoded)
     first_shape = decoded.sizes[indices[0]]
     if any(decoded.sizes[i] != first_shape for i in indices):
         raise MediaDecodeError("frames of one episode must all have the same size", field=decoded.field)

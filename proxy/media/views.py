@@ -23,7 +23,7 @@ from proxy.errors import InvalidRequest, MediaDecodeError, ProxyError
 from proxy.media.budget import DecodeBudget
 from proxy.media.decode import FrameLimits, decode_source
 from proxy.media.decoded import DecodedSource
-from proxy.media.encode import EncodedFrames, encode_jpeg, encode_prefix, prefix_indices
+from proxy.media.encode import EncodedFrames, decodable_indices, encode_jpeg, encode_prefix, prefix_indices
 from proxy.media.frame_plan import Size, episode_sizes, resize_frame
 from vlm_protocol.frames import PATCH_FACTOR, vision_tokens
 
@@ -82,17 +82,15 @@ def prepare_views(limits: FrameLimits, budget: DecodeBudget, placement: Placemen
     second = _as_extra_view(lambda: decode_source(per_view if side else replace(per_view, stills=False),
                                                   _same_count(first.count, episodes_for), budget, **extra,
                                                   field_prefix="extra_view."))
+    # A frame either view lost is left out of both (as one camera leaves out a frame that would not decode).
+    indices = decodable_indices(prefix_indices(first.count, limits.nframes, prefix_end), first, second)
     if not side:
-        video = encode_prefix(limits, first, prefix_end)
-        other = _as_extra_view(lambda: encode_prefix(replace(limits, stills=False), second, prefix_end))
-        if other.indices != video.indices:
-            missing = sorted(set(video.indices) ^ set(other.indices))[0]
-            lost_by = second if missing in video.indices else first
-            raise MediaDecodeError(f"frame {missing} of the episode could not be decoded in {lost_by.field} "
-                                   "(a second video must hold every frame the main one does)", field=lost_by.field)
+        video = encode_prefix(limits, first, prefix_end, indices=indices)
+        other = _as_extra_view(lambda: encode_prefix(replace(limits, stills=False), second, prefix_end,
+                                                     indices=indices))
         return replace(video, extra=other, extra_count=second.count, load_ms=first.load_ms + second.load_ms,
                        encode_ms=(time.perf_counter() - started) * 1e3 - first.load_ms - second.load_ms)
-    return _side_by_side(limits, per_view, first, second, prefix_end, started)
+    return _side_by_side(limits, per_view, first, second, indices, prefix_end, started)
 
 
 def _same_count(count: int, episodes_for: Callable[[int], list[list[int]]]) -> Callable[[int], list[list[int]]]:
@@ -105,16 +103,9 @@ def _same_count(count: int, episodes_for: Callable[[int], list[list[int]]]) -> C
 
 
 def _side_by_side(limits: FrameLimits, per_view: FrameLimits, first: DecodedSource, second: DecodedSource,
-                  prefix_end: int | None, started: float) -> EncodedFrames:
+                  indices: list[int], prefix_end: int | None, started: float) -> EncodedFrames:
     """[main | second] in every frame (and still): each view at its half-budget size, the second
     brought to the main view's height (its width kept a multiple of the patch, its aspect kept)."""
-    wanted = prefix_indices(first.count, limits.nframes, prefix_end)
-    indices = [i for i in wanted if i in first and i in second]  # a frame either view lost is left out of both
-    if not indices or indices[0] != wanted[0] or indices[-1] != wanted[-1]:
-        missing = wanted[0] if not indices or indices[0] != wanted[0] else wanted[-1]
-        lost_by = first if missing not in first else second
-        raise MediaDecodeError(f"frame {missing} of the episode (its first or last) could not be decoded in "
-                               f"{lost_by.field}", field=lost_by.field)
     sizes = []
     for view in (first, second):
         shape = view.sizes[indices[0]]
