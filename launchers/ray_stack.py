@@ -41,6 +41,7 @@ class RayReplica:
     restarts: int = 0
     missed_polls: int = 0
     state: str = "placing"  # placing, loading, serving, restarting, removed, stopped
+    first_answer: Any = None  # a new actor's pending `node()` call, until it answered
     reason: str = ""
 
     @property
@@ -108,40 +109,44 @@ class RayReplicas:
             waiting.pop(0)
 
     def start(self, timeout_s: float) -> None:
+        """Every replica's actor asked for at once (each is a worker process Ray starts on its node:
+        on a busy node that takes longer than one call's _CALL_TIMEOUT_S, as CI saw), their first
+        answers awaited against one deadline, watched like placing; then each server started."""
         for r in self.replicas:
-            self._start(r, timeout_s)
+            self._new_actor(r)
+        deadline = time.monotonic() + timeout_s
+        for r in self.replicas:
+            while not self.ray.wait([r.first_answer], timeout=self.poll_interval_s)[0]:
+                if self._stop():
+                    raise StopRequested
+                if time.monotonic() > deadline:
+                    raise StackFailure(f"the Ray actor for {r.name} did not start on its node within {timeout_s:.0f}s")
+            self._launch(r)
 
-    def _start(self, r: RayReplica, timeout_s: float) -> None:
+    def _new_actor(self, r: RayReplica) -> None:
+        """The replica's actor, in its placement group; `r.first_answer` is its node's description."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if r.actor is None:
-            r.actor = self._actor_class.options(
-                name=f"{self.run_id}/{r.name}", namespace=NAMESPACE, num_cpus=1, num_gpus=len(r.command.gpus),
-                resources=self.pinned, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    r.placement_group, placement_group_bundle_index=0)).remote(r.name, self.run_id)
-            r.node = self._first_answer(r, timeout_s)
+        r.actor = self._actor_class.options(
+            name=f"{self.run_id}/{r.name}", namespace=NAMESPACE, num_cpus=1, num_gpus=len(r.command.gpus),
+            resources=self.pinned, max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                r.placement_group, placement_group_bundle_index=0)).remote(r.name, self.run_id)
+        r.first_answer = r.actor.node.remote()
+
+    def _launch(self, r: RayReplica) -> None:
+        """The server, on its actor (which answered): `loading` at start-up; a restart stays `restarting`."""
+        if r.first_answer is not None:
+            r.node, r.first_answer = self.ray.get(r.first_answer), None
         env = {k: v for k, v in r.command.full_env().items() if k != "CUDA_VISIBLE_DEVICES"}
         try:
             r.pid = self._call(r.actor.start, r.argv(), env)
         except self.ray.exceptions.RayTaskError as err:  # e.g. no `vllm` executable on that node
             raise StackFailure(f"{r.name} could not start on node {r.node['node_ip']}: {err.cause}") from err
-        r.started, r.state = time.monotonic(), "loading"
+        if r.state == "placing":
+            r.started, r.state = time.monotonic(), "loading"
         self.say(f"started {r.name} on node {r.node['node_id'][:12]} ({r.node['node_ip']}), "
                  f"GPU{'s' if len(r.node['gpus']) > 1 else ''} {','.join(r.node['gpus'])}, "
                  f"pid {r.pid}, {r.url}; log on that node: {r.node['log']}")
-
-    def _first_answer(self, r: RayReplica, timeout_s: float) -> dict:
-        """A new actor is a new worker process on its node, and a busy node takes longer than one
-        call's _CALL_TIMEOUT_S to start it (CI saw it): its first answer gets the start-up budget,
-        watched like placing (a stop request still ends the wait at once)."""
-        answer = r.actor.node.remote()
-        deadline = time.monotonic() + timeout_s
-        while not self.ray.wait([answer], timeout=self.poll_interval_s)[0]:
-            if self._stop():
-                raise StopRequested
-            if time.monotonic() > deadline:
-                raise StackFailure(f"the Ray actor for {r.name} did not start on its node within {timeout_s:.0f}s")
-        return self.ray.get(answer)
 
     def _call(self, method: Any, *args: Any) -> Any:
         return self.ray.get(method.remote(*args), timeout=_CALL_TIMEOUT_S)
@@ -222,7 +227,17 @@ class RayReplicas:
         """One round of state changes: a dead server is restarted (while its budget lasts) or
         removed; a restarted one serves again once ready, or is removed after `restart_timeout_s`.
         What the proxy is told follows from `endpoints()` (ray_up reconciles it every round)."""
-        restarting = [r for r in self.replicas if r.state == "restarting"]
+        for r in self.replicas:  # a restart's new actor, started without blocking the watch
+            if r.state != "restarting" or r.first_answer is None:
+                continue
+            if self.ray.wait([r.first_answer], timeout=0)[0]:
+                try:
+                    self._launch(r)
+                except Exception as err:  # noqa: BLE001 - one replica's failure never stops the others
+                    self._remove(r, f"it could not be restarted: {type(err).__name__}: {err}")
+            elif time.monotonic() - r.started > restart_timeout_s:
+                self._remove(r, f"its new Ray actor did not start within {restart_timeout_s:.0f}s")
+        restarting = [r for r in self.replicas if r.state == "restarting" and r.first_answer is None]
         for r, ready in zip(restarting, self.probe(restarting) if restarting else [], strict=True):
             if ready:
                 r.state = "serving"
@@ -230,7 +245,7 @@ class RayReplicas:
             elif time.monotonic() - r.started > restart_timeout_s:
                 self._remove(r, f"not ready {restart_timeout_s:.0f}s after its restart ({r.reason})")
         for r in self.replicas:
-            if r.state not in ("serving", "restarting"):
+            if r.state not in ("serving", "restarting") or r.first_answer is not None:
                 continue
             code = self.exit_code(r)
             if code is None:
@@ -240,20 +255,20 @@ class RayReplicas:
             if r.restarts >= self.max_restarts:
                 self._remove(r, f"after {r.restarts} restart(s) (--max-restarts {self.max_restarts})")
                 continue
-            r.restarts += 1
+            # Out of endpoints() from now on; one budget (restart_timeout_s) from here to serving again.
+            r.restarts, r.state, r.started = r.restarts + 1, "restarting", time.monotonic()
             try:
-                self._start(r, restart_timeout_s)
-            except StopRequested:
-                raise
+                if r.actor is None:
+                    self._new_actor(r)  # its first answer is awaited by the rounds to come
+                else:
+                    self._launch(r)
             except Exception as err:  # noqa: BLE001 - one replica's failure never stops the others
                 self._remove(r, f"it could not be restarted: {type(err).__name__}: {err}")
-                continue
-            r.state = "restarting"
 
     def _remove(self, r: RayReplica, why: str) -> None:
         """Out for good: its actor killed (the server dies with it), its placement group kept
         until the stop, so the report still names it."""
-        r.state = "removed"
+        r.state, r.first_answer = "removed", None
         if r.actor is not None:
             with contextlib.suppress(Exception):
                 self.ray.kill(r.actor)

@@ -73,14 +73,16 @@ class ProxyError(Exception):
 
     def within(self, where: str) -> ProxyError:
         """This error as one of part `where` of the request (`extra_view`, `items[3]`): its field
-        becomes `where.<field>` and its message starts with that name. Already named there: as is."""
+        becomes `where.<field>` (unless it is named there already) and its message names that field
+        (a client may show only the message)."""
         field = self.details.get("field")
-        if field and (field == where or field.startswith((f"{where}.", f"{where}["))):
-            return self
-        self.details["field"] = f"{where}.{field}" if field else where
+        if not (field and (field == where or field.startswith((f"{where}.", f"{where}[")))):
+            field = f"{where}.{field}" if field else where
+        self.details["field"] = field
         if isinstance(self, InvalidRequest):
-            self.field = self.details["field"]
-        self.message = f"{self.details['field']}: {self.message}"
+            self.field = field
+        if field not in self.message:
+            self.message = f"{field}: {self.message}"
         return self
 
     def to_dict(self, request_id: str | None = None) -> dict[str, Any]:
@@ -91,7 +93,6 @@ class ProxyError(Exception):
             body["request_id"] = request_id
         body.update({k: v for k, v in self.details.items() if v is not None})
         return body
-
 
 class InvalidRequest(ProxyError):
     code = "invalid_request"

@@ -113,8 +113,8 @@ class ViewSource(FrameSource):
 
 
 class ScoreRequest(FrameSource):
-    """POST /score: the episode's frames (FrameSource) and what to score them for. Field names
-    follow the seed server so its clients keep working."""
+    """POST /score: the episode's frames (exactly one source) and what to score them for. Field
+    names follow the seed server so its clients keep working."""
 
     task_text: str = Field(min_length=1, max_length=4096)
     # With `frames`, for a layout that sends the first and last frame as still images (PRIMO-R1's):

@@ -88,6 +88,7 @@ def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], 
         for i in sorted({i for episode in sizes_of.episodes for i in episode}):  # only the kept ones
             _read_image(frames[i], i, limits, source, sizes_of, budget)
     elif frames_npy is not None:
+        budget.field = f"{field_prefix}frames_npy"
         array = _load_npy(frames_npy, limits)
         _check_inline_count(array.shape[0], "frames_npy", limits)
         source = DecodedSource(array.shape[0], source_fps, "frames_npy")

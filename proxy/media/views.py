@@ -106,13 +106,13 @@ def _side_by_side(limits: FrameLimits, per_view: FrameLimits, first: DecodedSour
                   indices: list[int], prefix_end: int | None, started: float) -> EncodedFrames:
     """[main | second] in every frame (and still): each view at its half-budget size, the second
     brought to the main view's height (its width kept a multiple of the patch, its aspect kept)."""
-    sizes = []
-    for view in (first, second):
+    def sizes_of(view: DecodedSource) -> tuple[Size, Size | None]:
         shape = view.sizes[indices[0]]
         if any(view.sizes[i] != shape for i in indices):
             raise MediaDecodeError("frames of one view must all have the same size", field=view.field)
-        sizes.append(episode_sizes(per_view, *shape, len(indices), view.field))
-    (main_video, main_still), (other_video, other_still) = sizes
+        return episode_sizes(per_view, *shape, len(indices), view.field)
+
+    (main_video, main_still), (other_video, other_still) = sizes_of(first), _as_extra_view(lambda: sizes_of(second))
 
     def beside(size: Size, other: Size) -> Size:
         """The second view's size beside a part of `size`: the same height, its own aspect. Never more
@@ -152,4 +152,5 @@ def _as_extra_view(call: Callable[[], Any]) -> Any:
     try:
         return call()
     except ProxyError as err:
-        raise err.within("extra_view") from None
+        err.within("extra_view")  # renamed in place: the traceback and cause stay
+        raise

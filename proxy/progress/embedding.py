@@ -46,7 +46,9 @@ class Embedder:
                                      field="backend_kwargs")
             return frame_limits(request, backend.config, self.scorer.settings.proxy)
         except InvalidRequest as err:
-            raise (err.within(where) if where else err) from None
+            if where:
+                err.within(where)  # renamed in place: the traceback and cause stay
+            raise
 
     async def embed(self, request: ScoreRequest, backend: Backend, *, budget_s: float | None) -> Embedded:
         cfg, scorer = backend.config, self.scorer

@@ -360,16 +360,36 @@ class FakeVLLM:
         if ready:
             ready(bound_port)
         try:
-            async with server:
-                await server.serve_forever()
+            await asyncio.get_running_loop().create_future()  # serve until cancelled (stop)
         finally:
-            # Keep-alive connections outlive serve_forever; close them so no transport leaks,
+            await _close_listener(server)
+            # Keep-alive connections outlive the listener; close them so no transport leaks,
             # and give the loop the turns it needs to really close each socket.
             writers = list(self._writers)
             for writer in writers:
                 writer.close()
             await asyncio.wait_for(asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True),
                                    timeout=2)
+
+
+async def _close_listener(server: asyncio.Server) -> None:
+    """`server.close()`, leaking no connection accepted just before it.
+
+    asyncio accepts a connection in one loop turn (`_accept_connection`) and wraps it in a
+    transport in a task's first step (`_accept_connection2`), a turn later. If the server was
+    closed in between (a stop that lands in the turn a connection arrives: `serve_forever`'s own
+    close on cancel), the transport's constructor fails `Server._attach`'s assertion (CPython
+    3.11), asyncio swallows the error (logged in debug mode only) and that transport is never
+    closed: "unclosed transport" and "unclosed socket" when the collector finds it. So: accept
+    nothing more, give the connections already accepted the turn that makes their transports while
+    the server is still open (`settle` then closes them), and only then close it."""
+    loop = asyncio.get_running_loop()
+    for sock in server.sockets:
+        loop.remove_reader(sock.fileno())  # an accept already queued in this turn is cancelled too
+    try:
+        await asyncio.sleep(0)  # accept tasks created up to this turn take their first step before this one resumes
+    finally:
+        server.close()  # even if a second stop cancels the wait
 
 
 def _validate_like_vllm(body: dict, cfg: FakeConfig) -> tuple[int, dict] | None:

@@ -19,6 +19,7 @@ import ray
 import yaml
 from ray.cluster_utils import Cluster
 
+from launchers.ray_stack import NAMESPACE
 from tests.fakes.episodes import episode_frames, npy_b64
 from tests.launchers.conftest import (
     FAKE_BIN,
@@ -86,8 +87,20 @@ def wait_for_line(out: Path, popen, text: str, timeout_s: float = 120) -> str:
     return wait_until(seen, timeout_s, f"{text!r} in the output of `up --ray`")
 
 
+def placement_file(tmp_path: Path) -> Path:
+    return next((tmp_path / "runs").glob("*/placement.json"))
+
+
 def placement(tmp_path: Path) -> list[dict]:
-    return json.loads(next((tmp_path / "runs").glob("*/placement.json")).read_text())
+    return json.loads(placement_file(tmp_path).read_text())
+
+
+def kill_actor(cluster: Cluster, name: str) -> None:
+    ray.init(address=cluster.address, logging_level="WARNING")
+    try:
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+    finally:
+        ray.shutdown()
 
 
 def score(http: httpx.Client, backend: str = "PRIMO-R1") -> httpx.Response:
@@ -159,6 +172,16 @@ def test_up_ray_places_serves_restarts_and_leaves_nothing(cluster, reaper, fake_
         before = calls_to(http, victim["url"])
         wait_until(lambda: score(http).status_code == 200 and calls_to(http, victim["url"]) > before, 30,
                    "the restarted replica to take traffic")
+
+        # The other one's actor killed (its worker or node lost): the server dies with it, and a new
+        # actor, started across the watch's rounds, serves the replica again.
+        other = primo[1]
+        kill_actor(cluster, f"{placement_file(tmp_path).parent.name}/{other['name']}")
+        wait_for_line(out, popen, f"error: {other['name']} at {other['url']} exited (its actor is gone")
+        wait_for_line(out, popen, f"ready again: {other['name']}")
+        wait_until(lambda: other["url"] in admin_urls(http, "PRIMO-R1"), 30, "the proxy to take it back")
+        again = next(p for p in placement(tmp_path) if p["name"] == other["name"])
+        assert again["restarts"] == 1 and again["pid"] != other["pid"] and not alive(other["pid"])
 
     popen.send_signal(signal.SIGTERM)
     assert popen.wait(60) == 0, out.read_text()

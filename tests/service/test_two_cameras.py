@@ -210,7 +210,9 @@ def test_a_video_file_and_images_are_views_too(stack: Stack) -> None:
     ("side_by_side", {"frame_rules": "current"}, 422, "frame_rules", "side_by_side composes"),
     # the second view's own errors name it, where the composing finds them too
     ("side_by_side", {"extra_view": {"frames": images_b64(WRIST[:-1]) + images_b64(wrist_frames(1, 32, 32))}}, 422,
-     "extra_view.frames", "must all have the same size"),
+     "extra_view.frames", "extra_view.frames: frames of one view must all have the same size"),
+    ("two_videos", {"extra_view": {"frames": images_b64(WRIST[:-1]) + images_b64(wrist_frames(1, 32, 32))}}, 422,
+     "extra_view.frames", "extra_view.frames: frames of one episode must all have the same size"),
     # raw frames that claim the backend's current rules: refused as for one camera, never resized again
     ("two_videos", {"frame_rules": "current"}, 422, "frames", "must be RGB JPEGs at the rules' sizes"),
     # a tall view beside a wide one would be a frame many times the pixel budget: refused, never stretched
