@@ -15,6 +15,7 @@ import numpy as np
 from proxy.answers.reply import EmbeddingReply
 from proxy.errors import InvalidRequest
 from proxy.media.decode import FrameLimits
+from proxy.media.views import check_views
 from proxy.pipelines.scoring import Scorer
 from proxy.progress.schemas import EmbeddingInfo
 from proxy.prompting.layouts import build_embedding_body, encode_body
@@ -44,6 +45,9 @@ class Embedder:
             if request.backend_kwargs:
                 raise InvalidRequest("an embedding backend takes no backend_kwargs (nothing is sampled)",
                                      field="backend_kwargs")
+            # a second camera the backend does not place (or one it needs, missing): the whole request's 422
+            check_views(backend.config.frames.extra_view, given=request.extra_view is not None,
+                        frame_rules=request.frame_rules is not None)
             return frame_limits(request, backend.config, self.scorer.settings.proxy)
         except InvalidRequest as err:
             if where:

@@ -138,6 +138,10 @@ def test_an_item_without_task_or_success_fails_the_request_before_anything_is_se
     ({"items": [{**item(1, True, (1, 1, 1)), "backend": "qwen2_5_vl_vllm"}]}, "items[0].backend"),
     ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)), "max_pixels": 28 * 28 * 64}]}, "items[1]"),
     ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)), "video_fps": 8}]}, "items[1]"),
+    # a second camera on a one-camera backend: the whole request, as the other per-item rules (the fuzzer's find)
+    ({"items": [item(1, True, (1, 1, 1)), {**item(1, False, (2, 2, 2)),
+                                          "extra_view": {"frames_npy": item(1, False, (3, 3, 3))["frames_npy"]}}]},
+     "items[1].extra_view"),
 ])
 def test_bad_requests_name_the_field(progress_client, fake_embed, body, field):
     response = progress_client.post("/progress/batch", json={"items": [item(1, True, (1, 1, 1))], **body})
