@@ -137,9 +137,11 @@ async def test_thousand_concurrent_requests_complete_with_bounded_memory(
              "metadata": {"run": "load", "task_id": 1, "env_success": True}}
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     limits = httpx.Limits(max_connections=200)
-    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as http:
+    # The timeouts only stop a hang: on CI's loaded 2 cores the 1000 take 95-115 s (45 s alone), and a
+    # 120 s bound failed a run (ci52); nothing here is a speed claim (bench/ measures speed).
+    async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as http:
         responses = await asyncio.wait_for(
-            asyncio.gather(*(http.post("/score", json=small) for _ in range(1000))), timeout=120)
+            asyncio.gather(*(http.post("/score", json=small) for _ in range(1000))), timeout=600)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert [r.status_code for r in responses].count(200) == 1000
     assert grown_mb < 300, f"peak RSS grew {grown_mb:.0f} MB"
