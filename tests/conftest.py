@@ -4,6 +4,9 @@ the suite is spread over pytest-xdist's workers, and the tiers' end-of-run lines
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,22 @@ from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, PROMPTS_DIR, QWEN_MODEL, QWE
 
 _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY")
+
+
+_RPC_DIR = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every `vllm serve` a test starts (and every child of it) binds its ZeroMQ IPC sockets under
+    VLLM_RPC_BASE_PATH (the system temp dir by default) and leaves them there when it exits, a
+    clean SIGTERM included: seven per server, ~50 per run. Here they go to one directory per pytest
+    process, removed when it ends. (A short path: a Unix socket's name is at most 107 bytes.)"""
+    config.stash[_RPC_DIR] = os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-rpc-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _RPC_DIR in config.stash:
+        shutil.rmtree(config.stash[_RPC_DIR], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
