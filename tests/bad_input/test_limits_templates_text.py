@@ -141,7 +141,7 @@ def test_template_edited_to_use_an_undeclared_variable(env, allow_upstream):
             answer = env.post(json={**BASE, "backend": "editable"}, label="template undeclared")
             return answer if answer.status_code != 200 else None
 
-        broken = wait_until(refused, 10, "the edited template to apply")
+        broken = wait_until(refused, 60, "the edited template to apply")
         error = expect(broken, 500, "prompt_template_invalid", mentions="room")
         assert "undeclared" in error["message"]
     finally:

@@ -601,7 +601,7 @@ class FakeVLLMThread:
 
     def start(self) -> FakeVLLMThread:
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(60):  # bounds a hang only (loaded CI machines)
             raise RuntimeError("fake vLLM did not start")
         return self
 

@@ -26,7 +26,7 @@ class ProxyServerThread:
 
     def start(self) -> ProxyServerThread:
         self._thread.start()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # bounds a hang only (loaded CI machines)
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("proxy server did not start")

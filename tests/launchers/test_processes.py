@@ -62,11 +62,11 @@ def test_group_members_include_workers_after_the_leader_died():
     try:
         assert leader.stdout.readline().strip() == "worker started"
         leader.wait(10)  # the leader exits; its worker keeps the group alive
-        workers = wait_until(lambda: group_members(leader.pid), 10, "the orphaned worker")
+        workers = wait_until(lambda: group_members(leader.pid), 60, "the orphaned worker")
         assert len(workers) == 1 and workers[0] != leader.pid
         assert os.getpgid(workers[0]) == leader.pid
         signal_group(leader.pid, signal.SIGKILL)
-        wait_until(lambda: group_members(leader.pid) == [], 10, "the group to be empty")
+        wait_until(lambda: group_members(leader.pid) == [], 60, "the group to be empty")
     finally:
         signal_group(leader.pid, signal.SIGKILL)
         leader.stdout.close()

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -10,6 +11,7 @@ import pytest
 from proxy.config import QualityConfig, settings_from_dict
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
+from tests.helpers import wait_until
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(6, 56, 56))}
 
@@ -35,13 +37,34 @@ def test_batch_keeps_order_and_isolates_bad_items(client, fake_qwen):
 
 
 def test_batch_items_run_concurrently(proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    fake = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text="<score>50</score>",
-                             latency_base_s=0.2, max_num_seqs=64)
+    # Overlap, not time: the fake holds every generation until all 20 are in flight at once (items
+    # run one by one would never get there: the watcher gives up after 120 s). A 0.2 s latency and
+    # "at least 10 seen at once" failed a loaded CI run, where preparing the frames of 20 items took
+    # longer than the first replies.
+    fake = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text="<score>50</score>")
+    release, seen = threading.Event(), {}
+    fake.script(*[{"hold": release}] * 20)
+
+    def release_when_all_arrived() -> None:
+        try:
+            seen["all_at_once"] = bool(wait_until(lambda: fake.fake.state.chat_count == 20, 120,
+                                                  "20 generations in flight at once"))
+        except AssertionError:
+            seen["all_at_once"] = False
+        finally:
+            release.set()
+
+    watcher = threading.Thread(target=release_when_all_arrived)
+    watcher.start()
     server = proxy_factory(_settings([fake.base_url], fake_primo.base_url, media_root))
-    with httpx.Client(base_url=server.url, timeout=60) as http:
-        response = http.post("/score/batch", json={"items": [EPISODE] * 20})
+    try:
+        with httpx.Client(base_url=server.url, timeout=300) as http:
+            response = http.post("/score/batch", json={"items": [EPISODE] * 20})
+    finally:
+        release.set()
+        watcher.join()
+    assert seen["all_at_once"]
     assert response.json()["summary"] == {"ok": 20, "failed": 0}
-    assert fake.fake.state.max_running_seen >= 10  # the fake saw them overlap
 
 
 def test_batch_over_the_cap_is_a_clear_4xx(proxy_factory, fake_qwen, fake_primo, media_root):
