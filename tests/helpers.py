@@ -9,8 +9,9 @@ import errno
 import os
 import random
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,31 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s
             return value
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def release_when(predicate: Callable[[], Any], release: threading.Event, timeout_s: float,
+                 what: str) -> Iterator[dict[str, bool]]:
+    """Overlap, not time: a watcher thread sets `release` (the event a fake holds its replies on)
+    once `predicate()` holds, or after `timeout_s`; the yielded dict's "met" says which. Leaving the
+    block releases and joins the watcher, whatever happened inside."""
+    seen: dict[str, bool] = {}
+
+    def watch() -> None:
+        try:
+            seen["met"] = bool(wait_until(predicate, timeout_s, what))
+        except AssertionError:
+            seen["met"] = False
+        finally:
+            release.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        release.set()
+        watcher.join()
 
 
 def read_http_head(sock: socket.socket) -> bytes:

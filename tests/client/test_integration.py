@@ -23,7 +23,7 @@ from tests.client.standin_env import StandInLiberoEnv
 from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import episode_frames, frame_level
 from tests.fakes.fake_vllm import decode_video_part
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, release_when
 
 QWEN = "qwen2_5_vl_vllm"
 
@@ -107,25 +107,14 @@ def test_primo_backend(proxy_server):
 async def test_fifty_envs_ending_together_are_scored_concurrently(proxy_server, fake_qwen, batch):
     # Overlap, not time: the fake holds every generation until all 50 are in flight at once (a
     # client that scored one by one would never get there: the watcher gives up after 60 s).
-    release, seen = threading.Event(), {}
+    release = threading.Event()
     fake_qwen.script(*[{"hold": release}] * 50)
-
-    def release_when_all_arrived() -> None:
-        try:
-            seen["all_at_once"] = bool(wait_until(lambda: fake_qwen.fake.state.chat_count == 50, 60,
-                                                  "50 generations in flight at once"))
-        except AssertionError:
-            seen["all_at_once"] = False
-        finally:
-            release.set()
-
-    watcher = threading.Thread(target=release_when_all_arrived)
-    watcher.start()
     episodes = [Episode(episode_frames(16, 56, 56), f"task {i}", 0.0) for i in range(50)]
-    async with AsyncRewardClient(client_cfg(proxy_server, batch=batch, nframes=4)) as client:
-        results = await client.score_episodes(episodes)
-    watcher.join()
-    assert seen["all_at_once"]
+    with release_when(lambda: fake_qwen.fake.state.chat_count == 50, release, 60,
+                      "50 generations in flight at once") as seen:
+        async with AsyncRewardClient(client_cfg(proxy_server, batch=batch, nframes=4)) as client:
+            results = await client.score_episodes(episodes)
+    assert seen["met"]
     assert all(r.ok for r in results) and len(results) == 50
     assert fake_qwen.fake.state.chat_count == 50
     # requests beyond one per episode and the client's one GET /frame-rules

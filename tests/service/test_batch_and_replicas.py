@@ -11,7 +11,7 @@ import pytest
 from proxy.config import QualityConfig, settings_from_dict
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
-from tests.helpers import wait_until
+from tests.helpers import release_when
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(6, 56, 56))}
 
@@ -42,28 +42,13 @@ def test_batch_items_run_concurrently(proxy_factory, fake_vllm_factory, fake_pri
     # "at least 10 seen at once" failed a loaded CI run, where preparing the frames of 20 items took
     # longer than the first replies.
     fake = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text="<score>50</score>")
-    release, seen = threading.Event(), {}
+    release = threading.Event()
     fake.script(*[{"hold": release}] * 20)
-
-    def release_when_all_arrived() -> None:
-        try:
-            seen["all_at_once"] = bool(wait_until(lambda: fake.fake.state.chat_count == 20, 120,
-                                                  "20 generations in flight at once"))
-        except AssertionError:
-            seen["all_at_once"] = False
-        finally:
-            release.set()
-
-    watcher = threading.Thread(target=release_when_all_arrived)
-    watcher.start()
     server = proxy_factory(_settings([fake.base_url], fake_primo.base_url, media_root))
-    try:
-        with httpx.Client(base_url=server.url, timeout=300) as http:
-            response = http.post("/score/batch", json={"items": [EPISODE] * 20})
-    finally:
-        release.set()
-        watcher.join()
-    assert seen["all_at_once"]
+    with (release_when(lambda: fake.fake.state.chat_count == 20, release, 120, "20 generations in flight at once")
+          as seen, httpx.Client(base_url=server.url, timeout=300) as http):
+        response = http.post("/score/batch", json={"items": [EPISODE] * 20})
+    assert seen["met"]
     assert response.json()["summary"] == {"ok": 20, "failed": 0}
 
 
