@@ -30,8 +30,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """Every `vllm serve` a test starts (and every child of it) binds its ZeroMQ IPC sockets under
     VLLM_RPC_BASE_PATH (the system temp dir by default) and leaves them there when it exits, a
     clean SIGTERM included: seven per server, ~50 per run. Here they go to one directory per pytest
-    process, removed when it ends. (A short path: a Unix socket's name is at most 107 bytes.)"""
-    config.stash[_RPC_DIR] = os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-rpc-")
+    process, removed when it ends; a directory the caller set is used as it is."""
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return
+    config.stash[_RPC_DIR] = os.environ["VLLM_RPC_BASE_PATH"] = directory = tempfile.mkdtemp(prefix="vllm-rpc-")
+    if len(directory) + 37 > 107:  # vLLM binds <dir>/<uuid4>: a Unix socket's name is at most 107 bytes
+        raise pytest.UsageError(f"{directory} is too long a directory for vLLM's sockets: set VLLM_RPC_BASE_PATH")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

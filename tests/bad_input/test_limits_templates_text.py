@@ -146,7 +146,7 @@ def test_template_edited_to_use_an_undeclared_variable(env, allow_upstream):
         assert "undeclared" in error["message"]
     finally:
         path.write_text(good + "\n")  # size changes: the store re-reads it
-    wait_until(lambda: env.post(json={**BASE, "backend": "editable"}).status_code == 200, 10,
+    wait_until(lambda: env.post(json={**BASE, "backend": "editable"}).status_code == 200, 60,
                "the fixed template to apply")
 
 

@@ -104,15 +104,22 @@ def test_primo_backend(proxy_server):
 
 
 @pytest.mark.parametrize("batch", ["never", "auto"])
-async def test_fifty_envs_ending_together_are_scored_concurrently(proxy_server, fake_qwen, batch):
+async def test_fifty_envs_ending_together_are_scored_concurrently(proxy_factory, fake_qwen, fake_primo, media_root,
+                                                                   batch):
     # Overlap, not time: the fake holds every generation until all 50 are in flight at once (a
-    # client that scored one by one would never get there: the watcher gives up after 60 s).
+    # client that scored one by one would never get there: the watcher gives up after 60 s). A
+    # proxy of its own, whose one attempt per call waits as long as the hang bound: a held call is
+    # never timed out and retried (50 chat requests are 50 episodes), however loaded the machine.
+    data = libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], media_root)
+    data["backends"][QWEN]["retry"] = {"attempts": 1, "parse_attempts": 1, "backoff_s": [0.01, 0.05],
+                                       "timeout_s": 300, "deadline_s": 300}
+    proxy = proxy_factory(settings_from_dict(data))
     release = threading.Event()
     fake_qwen.script(*[{"hold": release}] * 50)
     episodes = [Episode(episode_frames(16, 56, 56), f"task {i}", 0.0) for i in range(50)]
-    with release_when(lambda: fake_qwen.fake.state.chat_count == 50, release, 60,
+    with release_when(lambda: fake_qwen.fake.state.chat_count >= 50, release, 60,
                       "50 generations in flight at once") as seen:
-        async with AsyncRewardClient(client_cfg(proxy_server, batch=batch, nframes=4)) as client:
+        async with AsyncRewardClient(client_cfg(proxy, batch=batch, nframes=4, timeout=300)) as client:
             results = await client.score_episodes(episodes)
     assert seen["met"]
     assert all(r.ok for r in results) and len(results) == 50

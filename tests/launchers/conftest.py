@@ -91,7 +91,7 @@ class FakeVllmEnv:
     def records(self) -> dict[int, dict]:
         return {int(p.stem): json.loads(p.read_text()) for p in self.record_dir.glob("*.json")}
 
-    def record(self, port: int, timeout_s: float = 15) -> dict:
+    def record(self, port: int, timeout_s: float = 60) -> dict:
         return wait_until(lambda: self.records().get(port), timeout_s, f"the server on :{port}")
 
     def all_pids(self) -> list[int]:

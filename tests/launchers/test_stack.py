@@ -46,7 +46,7 @@ def running_pid_file(pid_file: Path, up=None) -> dict:
             return None
         return data if data["state"] == "running" else None
 
-    return wait_until(check, 30, "the stack to be running")
+    return wait_until(check, 60, "the stack to be running")
 
 
 def endpoint_health(proxy_port: int) -> dict:

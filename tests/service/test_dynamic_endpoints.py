@@ -202,7 +202,7 @@ def test_an_added_endpoint_is_probed_and_the_gauges_follow_its_circuit(keyed_pro
         assert _metric(http, "vlm_proxy_endpoint_changes_total", backend=QWEN, change="added") == 0
         assert _change(http, add=[dead]).json()["added"] == [dead]
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="ready") == 2
-        endpoint = wait_until(lambda: (e := _health(http).get(dead, {})).get("circuit") == "open" and e, 10,
+        endpoint = wait_until(lambda: (e := _health(http).get(dead, {})).get("circuit") == "open" and e, 60,
                               "a failed probe of the added endpoint to open its circuit")
         assert "connection refused" in endpoint["reason"]
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="open") == 1

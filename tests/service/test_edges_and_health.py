@@ -42,7 +42,7 @@ def test_the_probe_sends_the_backends_api_key(proxy_factory, fake_vllm_factory, 
         assert _endpoint(http)["ready"] is True and _endpoint(http)["circuit"] == "closed"
         assert http.post("/score", json=EPISODE).status_code == 200  # the chat call sends it too
     with httpx.Client(base_url=without.url) as http:
-        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, 10,
+        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, 60,
                               "repeated 401 probes to open the circuit")
     assert endpoint["ready"] is False and "401" in endpoint["reason"] and "api_key_env" in endpoint["reason"]
 
@@ -66,7 +66,7 @@ def test_one_failed_probe_does_not_open_the_circuit(proxy_factory, fake_vllm_fac
         flaky.config.healthy = False
         wait_until(lambda: not _endpoint(http)["ready"], 60, "a failed probe")
         assert _endpoint(http)["circuit"] == "closed"  # one or two failures: still in rotation
-        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, 10,
+        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, 60,
                               "circuit.failures failed probes")
         assert "health probe: /health answered 503 (3 in a row)" in endpoint["reason"]
         flaky.config.healthy = True

@@ -161,7 +161,7 @@ def test_a_hung_disk_never_holds_up_a_score(store_proxy, monkeypatch, tmp_path):
         released.set()
     # once the disk answers, what was queued is written after all
     hashes = results[0]["frames"]["sha256"]
-    assert wait_until(lambda: all(frame_path(tmp_path / "frames", h).is_file() for h in hashes), 30,
+    assert wait_until(lambda: all(frame_path(tmp_path / "frames", h).is_file() for h in hashes), 60,
                       "the queued frames to be written")
 
 
