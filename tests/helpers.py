@@ -76,6 +76,11 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+# The timeout of a wait for a condition: it only bounds a hang. Under CI's load (four workers and
+# real vLLM starts on two cores) a process has taken over 20 s to import, so no wait is shorter.
+HANG_S = 60.0
+
+
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.05) -> Any:
     """Poll until `predicate()` is truthy (its value is returned); fail naming `what` after
     `timeout_s`. A condition, never a fixed sleep: the timeout only bounds a hang."""

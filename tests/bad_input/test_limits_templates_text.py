@@ -15,7 +15,7 @@ import pytest
 
 from tests.bad_input.common import BASE, expect
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64
-from tests.helpers import read_http_head, wait_until
+from tests.helpers import HANG_S, read_http_head, wait_until
 
 TINY_PNG = images_b64(episode_frames(1, 8, 8))[0]
 
@@ -141,12 +141,12 @@ def test_template_edited_to_use_an_undeclared_variable(env, allow_upstream):
             answer = env.post(json={**BASE, "backend": "editable"}, label="template undeclared")
             return answer if answer.status_code != 200 else None
 
-        broken = wait_until(refused, 60, "the edited template to apply")
+        broken = wait_until(refused, HANG_S, "the edited template to apply")
         error = expect(broken, 500, "prompt_template_invalid", mentions="room")
         assert "undeclared" in error["message"]
     finally:
         path.write_text(good + "\n")  # size changes: the store re-reads it
-    wait_until(lambda: env.post(json={**BASE, "backend": "editable"}).status_code == 200, 60,
+    wait_until(lambda: env.post(json={**BASE, "backend": "editable"}).status_code == 200, HANG_S,
                "the fixed template to apply")
 
 

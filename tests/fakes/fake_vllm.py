@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.helpers import HANG_S
+
 CRLF = b"\r\n"
 DEFAULT_TEXT = "<answer>50</answer>"
 
@@ -601,7 +603,7 @@ class FakeVLLMThread:
 
     def start(self) -> FakeVLLMThread:
         self._thread.start()
-        if not self._ready.wait(60):  # bounds a hang only (loaded CI machines)
+        if not self._ready.wait(HANG_S):
             raise RuntimeError("fake vLLM did not start")
         return self
 

@@ -25,7 +25,7 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import QWEN_REPLY, REPO, free_port, read_http_head
+from tests.helpers import HANG_S, QWEN_REPLY, REPO, free_port, read_http_head
 
 # Children see no proxies or API keys from the machine (as tests/conftest.py does for this process).
 _ENV_TO_DROP = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY"}
@@ -127,7 +127,7 @@ class FakeProcess(_Process):
     def chat_count(self) -> int:
         return self._control("requests")["chat_count"]
 
-    def wait_chats(self, count: int, timeout_s: float = 60.0) -> None:
+    def wait_chats(self, count: int, timeout_s: float = HANG_S) -> None:
         deadline = time.monotonic() + timeout_s
         while self.chat_count() < count:
             if time.monotonic() > deadline:
@@ -272,7 +272,7 @@ def metric_sum(values: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in values.items() if n == name and want <= ls)
 
 
-def wait_circuits_closed(base_url: str, timeout_s: float = 60.0) -> None:
+def wait_circuits_closed(base_url: str, timeout_s: float = HANG_S) -> None:
     """Until /metrics shows no endpoint out of rotation (the readiness probe saw it come back)."""
     deadline = time.monotonic() + timeout_s
     while metric_sum(metrics(None, base_url), "vlm_proxy_circuit_open") != 0:

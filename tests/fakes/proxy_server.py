@@ -10,6 +10,7 @@ import uvicorn
 from proxy.config import Settings
 from proxy.http.app import create_app
 from proxy.http.serve import KEEP_ALIVE_S
+from tests.helpers import HANG_S
 
 
 class ProxyServerThread:
@@ -26,7 +27,7 @@ class ProxyServerThread:
 
     def start(self) -> ProxyServerThread:
         self._thread.start()
-        deadline = time.monotonic() + 60  # bounds a hang only (loaded CI machines)
+        deadline = time.monotonic() + HANG_S
         while not self.server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("proxy server did not start")

@@ -18,7 +18,7 @@ import httpx
 
 from tests.fakes.processes import metric_sum, metrics, wait_circuits_closed
 from tests.faults.common import BACKEND, EPISODE, STATUS_OF, UPSTREAM_CODES, one_backend, outcome
-from tests.helpers import free_port, wait_until
+from tests.helpers import HANG_S, free_port, wait_until
 
 
 async def test_fake_killed_mid_request_and_restarted_on_the_same_port(fake_proc, proxy_thread, media_root):
@@ -142,7 +142,7 @@ async def test_mid_batch_kill_and_restart_with_the_proxy_as_a_subprocess(fake_pr
     assert calls.get("ok") == tally["ok"] and set(calls) <= {"ok", *UPSTREAM_CODES}
     # the writer thread's count (a subprocess: no flush() to call), then the file
     wait_until(lambda: httpx.get(proxy.url + "/health", trust_env=False).json()["audit"]["written"] == count,
-               60, "every audit line written")
+               HANG_S, "every audit line written")
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert len(lines) == count  # one line per episode, whatever happened to it
     by_task = {line["task_text"]: line for line in lines}

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import PRIMO_MODEL, PROMPTS_DIR, QWEN_MODEL, REPO, free_ports, wait_until  # noqa: F401 - the tier's tests import these from here
+from tests.helpers import HANG_S, PRIMO_MODEL, PROMPTS_DIR, QWEN_MODEL, REPO, free_ports, wait_until  # noqa: F401 - the tier's tests import these from here
 
 FAKE_BIN = REPO / "tests" / "fakes" / "bin"
 LAUNCHERS = REPO / "launchers"
@@ -91,7 +91,7 @@ class FakeVllmEnv:
     def records(self) -> dict[int, dict]:
         return {int(p.stem): json.loads(p.read_text()) for p in self.record_dir.glob("*.json")}
 
-    def record(self, port: int, timeout_s: float = 60) -> dict:
+    def record(self, port: int, timeout_s: float = HANG_S) -> dict:
         return wait_until(lambda: self.records().get(port), timeout_s, f"the server on :{port}")
 
     def all_pids(self) -> list[int]:

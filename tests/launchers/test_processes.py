@@ -19,7 +19,7 @@ from launchers.processes import (
     same_process,
     signal_group,
 )
-from tests.launchers.conftest import wait_until
+from tests.launchers.conftest import HANG_S, wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -43,7 +43,7 @@ def test_start_time_identifies_a_process():
 def test_a_zombie_is_gone_and_its_group_is_empty():
     child = own_group([sys.executable, "-c", "pass"])
     try:
-        wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 60,
+        wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, HANG_S,
                    "the child to exit (unreaped)")
         assert process_start_time(child.pid) is not None  # still in the process table
         assert not pid_alive(child.pid)
@@ -62,11 +62,11 @@ def test_group_members_include_workers_after_the_leader_died():
     try:
         assert leader.stdout.readline().strip() == "worker started"
         leader.wait(10)  # the leader exits; its worker keeps the group alive
-        workers = wait_until(lambda: group_members(leader.pid), 60, "the orphaned worker")
+        workers = wait_until(lambda: group_members(leader.pid), HANG_S, "the orphaned worker")
         assert len(workers) == 1 and workers[0] != leader.pid
         assert os.getpgid(workers[0]) == leader.pid
         signal_group(leader.pid, signal.SIGKILL)
-        wait_until(lambda: group_members(leader.pid) == [], 60, "the group to be empty")
+        wait_until(lambda: group_members(leader.pid) == [], HANG_S, "the group to be empty")
     finally:
         signal_group(leader.pid, signal.SIGKILL)
         leader.stdout.close()

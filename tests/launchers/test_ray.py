@@ -23,6 +23,7 @@ from launchers.ray_stack import NAMESPACE
 from tests.fakes.episodes import episode_frames, npy_b64
 from tests.launchers.conftest import (
     FAKE_BIN,
+    HANG_S,
     FakeVllmEnv,
     Reaper,
     alive,
@@ -132,7 +133,7 @@ def leftovers(cluster: Cluster, fake: FakeVllmEnv) -> list[str]:
 
 def assert_nothing_left(cluster: Cluster, fake: FakeVllmEnv) -> None:
     # Ray's resource view catches up with removed placement groups a moment later
-    wait_until(lambda: not leftovers(cluster, fake), 60, "nothing left on the cluster")
+    wait_until(lambda: not leftovers(cluster, fake), HANG_S, "nothing left on the cluster")
 
 
 def test_up_ray_places_serves_restarts_and_leaves_nothing(cluster, reaper, fake_vllm_env, tmp_path):
@@ -166,11 +167,11 @@ def test_up_ray_places_serves_restarts_and_leaves_nothing(cluster, reaper, fake_
         for _ in range(4):  # the other replica carries the backend meanwhile
             assert score(http).status_code == 200
         wait_for_line(out, popen, f"ready again: {victim['name']}")  # said before the proxy is told
-        wait_until(lambda: victim["url"] in admin_urls(http, "PRIMO-R1"), 60, "the proxy to take it back")
+        wait_until(lambda: victim["url"] in admin_urls(http, "PRIMO-R1"), HANG_S, "the proxy to take it back")
         restarted = next(p for p in placement(tmp_path) if p["name"] == victim["name"])
         assert restarted["restarts"] == 1 and restarted["pid"] != victim["pid"]
         before = calls_to(http, victim["url"])
-        wait_until(lambda: score(http).status_code == 200 and calls_to(http, victim["url"]) > before, 60,
+        wait_until(lambda: score(http).status_code == 200 and calls_to(http, victim["url"]) > before, HANG_S,
                    "the restarted replica to take traffic")
 
         # The other one's actor killed (its worker or node lost): the server dies with it, and a new
@@ -179,7 +180,7 @@ def test_up_ray_places_serves_restarts_and_leaves_nothing(cluster, reaper, fake_
         kill_actor(cluster, f"{placement_file(tmp_path).parent.name}/{other['name']}")
         wait_for_line(out, popen, f"error: {other['name']} at {other['url']} exited (its actor is gone")
         wait_for_line(out, popen, f"ready again: {other['name']}")
-        wait_until(lambda: other["url"] in admin_urls(http, "PRIMO-R1"), 60, "the proxy to take it back")
+        wait_until(lambda: other["url"] in admin_urls(http, "PRIMO-R1"), HANG_S, "the proxy to take it back")
         again = next(p for p in placement(tmp_path) if p["name"] == other["name"])
         assert again["restarts"] == 1 and again["pid"] != other["pid"] and not alive(other["pid"])
 
@@ -199,7 +200,7 @@ def test_a_replica_past_its_restarts_leaves_the_proxy(cluster, reaper, fake_vllm
     with httpx.Client(base_url=f"http://127.0.0.1:{proxy_port}", timeout=30, trust_env=False,
                       headers={"authorization": f"Bearer {KEYS['PROXY_ADMIN_KEY']}"}) as http:
         # removal is asked at once; the endpoint leaves once its calls in flight drained
-        wait_until(lambda: victim["url"] not in admin_urls(http, "PRIMO-R1"), 60, "the proxy to drop it")
+        wait_until(lambda: victim["url"] not in admin_urls(http, "PRIMO-R1"), HANG_S, "the proxy to drop it")
         assert score(http).status_code == 200
     popen.send_signal(signal.SIGTERM)
     assert popen.wait(60) == 0, out.read_text()
@@ -219,7 +220,7 @@ def test_a_replica_that_cannot_restart_is_removed_and_the_rest_serve(cluster, re
     wait_for_line(out, popen, f"removed: {victim['name']}")
     with httpx.Client(base_url=f"http://127.0.0.1:{proxy_port}", timeout=30, trust_env=False,
                       headers={"authorization": f"Bearer {KEYS['PROXY_ADMIN_KEY']}"}) as http:
-        wait_until(lambda: victim["url"] not in admin_urls(http, "PRIMO-R1"), 60, "the proxy to drop it")
+        wait_until(lambda: victim["url"] not in admin_urls(http, "PRIMO-R1"), HANG_S, "the proxy to drop it")
         assert all(score(http).status_code == 200 for _ in range(3))
     assert popen.poll() is None  # one replica's failure never stops the stack
     popen.send_signal(signal.SIGTERM)
@@ -256,7 +257,7 @@ def test_a_killed_up_leaves_nothing_on_the_cluster(cluster, reaper, fake_vllm_en
     assert fake_vllm_env.all_pids()
     popen.kill()
     popen.wait(30)
-    wait_until(lambda: not leftovers(cluster, fake_vllm_env), 60, "Ray to reclaim the killed driver's replicas")
+    wait_until(lambda: not leftovers(cluster, fake_vllm_env), HANG_S, "Ray to reclaim the killed driver's replicas")
 
 
 def test_up_ray_refuses_servers_without_keys(reaper, fake_vllm_env, tmp_path):

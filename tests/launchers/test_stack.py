@@ -15,6 +15,7 @@ import pytest
 from launchers.plan import plan_stack
 from proxy.config import load_settings
 from tests.launchers.conftest import (
+    HANG_S,
     FakeVllmEnv,
     Reaper,
     alive,
@@ -46,7 +47,7 @@ def running_pid_file(pid_file: Path, up=None) -> dict:
             return None
         return data if data["state"] == "running" else None
 
-    return wait_until(check, 60, "the stack to be running")
+    return wait_until(check, HANG_S, "the stack to be running")
 
 
 def endpoint_health(proxy_port: int) -> dict:
@@ -95,8 +96,8 @@ def test_up_assigns_gpus_waits_for_loading_runs_the_proxy_and_stops_everything(
         entries = endpoint_health(proxy_port)["backends"]["PRIMO-R1"]["endpoints"]
         return [e for e in entries if e["url"].endswith(f":{primo1}/v1") and not e["ready"]]
 
-    wait_until(primo1_down, 60, "the proxy to mark the dead endpoint")
-    wait_until(lambda: "error: PRIMO-R1-r1" in out.read_text(), 60, "up to report the death")
+    wait_until(primo1_down, HANG_S, "the proxy to mark the dead endpoint")
+    wait_until(lambda: "error: PRIMO-R1-r1" in out.read_text(), HANG_S, "up to report the death")
     assert endpoint_health(proxy_port)["backends"]["PRIMO-R1"]["ready"]  # r0 still serves
 
     proxy_pid = next(p["pid"] for p in state["processes"] if p["name"] == "proxy")
@@ -200,7 +201,7 @@ def test_down_stops_the_servers_of_a_killed_up(tmp_path, fake_vllm_env, reaper):
     state = json.loads(pid_file.read_text())
     reaper.groups.add(state["up_pid"])
     os.kill(state["up_pid"], signal.SIGKILL)  # no chance to clean up
-    wait_until(lambda: not alive(state["up_pid"]), 60, "up to die")
+    wait_until(lambda: not alive(state["up_pid"]), HANG_S, "up to die")
     pids = fake_vllm_env.all_pids()
     assert all(alive(p) for p in pids)
     down = reaper.run("down", "--pid-file", str(pid_file), "--grace", "3")
@@ -297,7 +298,7 @@ def test_replica_env_reaches_only_its_server_and_a_code_0_exit_while_serving_is_
                                      "VLLM_LOGGING_LEVEL=DEBUG vllm serve ")
 
     pid = records[ports[1]]["pid"]
-    wait_until(lambda: "error: PRIMO-R1-r0" in out.read_text(), 60, "up to report the exit")
+    wait_until(lambda: "error: PRIMO-R1-r0" in out.read_text(), HANG_S, "up to report the exit")
     summary = failure_line(out.read_text(), "PRIMO-R1-r0")
     assert summary.startswith(f"error: PRIMO-R1-r0 (pid {pid}) exited on its own (code 0) while "
                               "serving, after ")

@@ -30,7 +30,7 @@ import yaml
 
 from launchers.processes import group_members
 from proxy.prompting.templates import PromptStore, apply_seed_overrides
-from tests.helpers import PROMPTS_DIR, REPO, wait_until
+from tests.helpers import HANG_S, PROMPTS_DIR, REPO, wait_until
 
 LAUNCHERS = REPO / "launchers"
 SHIPPED_CONFIG = REPO / "configs" / "libero.yaml"
@@ -337,11 +337,11 @@ class AuditLog:
             found = self.by_run(run)
             return found if len(found) >= count else None
 
-        return wait_until(enough, 60, f"{count} audit lines of run {run!r} in {self.path}")
+        return wait_until(enough, HANG_S, f"{count} audit lines of run {run!r} in {self.path}")
 
     def one(self, run: str) -> dict:
         # The proxy (a subprocess) writes audit lines on its writer thread: wait for the line.
-        found = wait_until(lambda: self.by_run(run), 60, f"run {run!r}'s audit line in {self.path}")
+        found = wait_until(lambda: self.by_run(run), HANG_S, f"run {run!r}'s audit line in {self.path}")
         assert len(found) == 1, f"audit log {self.path}: {len(found)} lines for run {run!r}"
         return found[0]
 

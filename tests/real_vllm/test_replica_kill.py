@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from launchers.processes import group_members, pid_alive
-from tests.helpers import wait_until
+from tests.helpers import HANG_S, wait_until
 from tests.real_vllm.stack import QWEN, TASK, RealStack, episode_source, say
 
 pytestmark = pytest.mark.real_vllm
@@ -77,8 +77,8 @@ def test_replica_killed_mid_batch_loses_nothing_and_comes_back(real_stack: RealS
 
         # `up` saw the death and cleaned up the rest of the process group (which frees the port).
         wait_until(lambda: f"{REPLICA} (pid {pid}) was killed by SIGKILL while serving" in real_stack.up_log(),
-                   60, "up to report the killed replica", poll_s=0.5)
-        wait_until(lambda: not group_members(pid), 60, "the killed replica's process group to be gone")
+                   HANG_S, "up to report the killed replica", poll_s=0.5)
+        wait_until(lambda: not group_members(pid), HANG_S, "the killed replica's process group to be gone")
         health = http.get("/health").json()
         # Restart at once with up's own command line (a failed check below must not leave the
         # backend with one replica for the tests that follow).

@@ -15,7 +15,7 @@ from proxy.errors import ConfigError, EndpointHostForbidden
 from proxy.http.app import create_app
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
-from tests.helpers import wait_until
+from tests.helpers import HANG_S, wait_until
 
 QWEN = "qwen2_5_vl_vllm"
 SCORING, ADMIN, BACKEND_KEY = "sc0ring-key", "adm1n-key", "vllm-backend-key"
@@ -65,7 +65,7 @@ def test_the_scoring_key_cannot_add_a_replica_and_the_attackers_server_hears_not
         assert admin.get("/progress/references").json()["store"]["tasks"] == []
         # Two probe rounds after the attempt (the config's fake saw them), and scoring calls: none reached it.
         seen = fake_qwen.fake.state.readiness_gets
-        wait_until(lambda: fake_qwen.fake.state.readiness_gets >= seen + 4, 60, "two probe rounds")
+        wait_until(lambda: fake_qwen.fake.state.readiness_gets >= seen + 4, HANG_S, "two probe rounds")
         assert all(worker.post("/score", json=EPISODE).status_code == 200 for _ in range(3))
         assert attacker.fake.state.readiness_gets == 0 and attacker.fake.state.chat_count == 0
 
@@ -78,7 +78,7 @@ def test_an_endpoint_the_admin_adds_gets_the_backends_key_and_the_admin_key_scor
                                                        "remove": [fake_qwen.base_url]})
         assert changed.status_code == 200, changed.text
         # /v1/models answers only with the backend's key: ready means the probe sent it
-        wait_until(lambda: admin.get("/health").json()["backends"][QWEN]["ready"], 60, "the added endpoint ready")
+        wait_until(lambda: admin.get("/health").json()["backends"][QWEN]["ready"], HANG_S, "the added endpoint ready")
         scored = admin.post("/score", json={**EPISODE, "backend": QWEN})  # the admin key scores too
         assert scored.status_code == 200, scored.text
         (request,) = guarded.fake.state.requests

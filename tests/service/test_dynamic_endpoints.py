@@ -17,7 +17,7 @@ import pytest
 from proxy.config import settings_from_dict
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
-from tests.helpers import free_port, wait_until
+from tests.helpers import HANG_S, free_port, wait_until
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(4, 56, 56))}
 QWEN = "qwen2_5_vl_vllm"
@@ -80,7 +80,7 @@ def test_an_endpoint_added_at_run_time_takes_traffic(keyed_proxy, fake_qwen, fak
             assert http.post("/score", json=EPISODE).status_code == 200
         assert len(added.chat_requests) == 2 and len(fake_qwen.chat_requests) == 2
         # the prober probes it from its next round on: /health shows it ready
-        wait_until(lambda: _health(http).get(added.base_url, {}).get("ready"), 60, "a probe of the added endpoint")
+        wait_until(lambda: _health(http).get(added.base_url, {}).get("ready"), HANG_S, "a probe of the added endpoint")
         assert _health(http)[added.base_url]["draining"] is False
         assert http.get("/admin/endpoints").json()["backends"]["PRIMO-R1"][0]["draining"] is False
     changes = [r for r in caplog.records if r.name == "vlm_reward_proxy" and "changed at run time" in r.getMessage()]
@@ -96,7 +96,7 @@ def test_a_removed_endpoint_drains_its_call_in_flight_then_leaves(keyed_proxy, f
     with _client(server) as http, ThreadPoolExecutor(1) as pool, _client(server) as slow_http:
         try:
             slow = pool.submit(slow_http.post, "/score", json=EPISODE)
-            wait_until(lambda: fake_qwen.fake.chats_in_progress == 1, 60, "the slow call to reach its endpoint")
+            wait_until(lambda: fake_qwen.fake.chats_in_progress == 1, HANG_S, "the slow call to reach its endpoint")
             answer = _change(http, add=[other.base_url], remove=[gone])  # a replica moved
             assert answer.status_code == 200, answer.text
             body = answer.json()
@@ -117,10 +117,11 @@ def test_a_removed_endpoint_drains_its_call_in_flight_then_leaves(keyed_proxy, f
             release.set()
         finished = slow.result(timeout=30)
         assert finished.status_code == 200 and finished.json()["endpoint"] == gone  # ended normally
-        wait_until(lambda: gone not in _listed(http), 60, "the drained endpoint to leave")
+        wait_until(lambda: gone not in _listed(http), HANG_S, "the drained endpoint to leave")
         assert list(_listed(http)) == [other.base_url]
         assert gone not in _health(http)
-        wait_until(lambda: (QWEN, gone) not in server.app.state.prober.results, 60, "its probe result to be dropped")
+        wait_until(lambda: (QWEN, gone) not in server.app.state.prober.results, HANG_S,
+                   "its probe result to be dropped")
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="draining") == 0
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="ready") == 1
         assert _metric(http, "vlm_proxy_endpoint_changes_total", backend=QWEN, change="removed") == 1
@@ -202,7 +203,7 @@ def test_an_added_endpoint_is_probed_and_the_gauges_follow_its_circuit(keyed_pro
         assert _metric(http, "vlm_proxy_endpoint_changes_total", backend=QWEN, change="added") == 0
         assert _change(http, add=[dead]).json()["added"] == [dead]
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="ready") == 2
-        endpoint = wait_until(lambda: (e := _health(http).get(dead, {})).get("circuit") == "open" and e, 60,
+        endpoint = wait_until(lambda: (e := _health(http).get(dead, {})).get("circuit") == "open" and e, HANG_S,
                               "a failed probe of the added endpoint to open its circuit")
         assert "connection refused" in endpoint["reason"]
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="open") == 1

@@ -15,7 +15,7 @@ from proxy.config import load_settings, settings_from_dict
 from proxy.errors import ConfigError
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
-from tests.helpers import wait_until
+from tests.helpers import HANG_S, wait_until
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(4, 56, 56))}
 QWEN = "qwen2_5_vl_vllm"
@@ -42,7 +42,7 @@ def test_the_probe_sends_the_backends_api_key(proxy_factory, fake_vllm_factory, 
         assert _endpoint(http)["ready"] is True and _endpoint(http)["circuit"] == "closed"
         assert http.post("/score", json=EPISODE).status_code == 200  # the chat call sends it too
     with httpx.Client(base_url=without.url) as http:
-        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, 60,
+        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, HANG_S,
                               "repeated 401 probes to open the circuit")
     assert endpoint["ready"] is False and "401" in endpoint["reason"] and "api_key_env" in endpoint["reason"]
 
@@ -55,7 +55,7 @@ def test_an_odd_models_answer_is_not_ready_and_the_probe_loop_survives_it(proxy_
         endpoint = _endpoint(http)
         assert endpoint["ready"] is False and "model list" in endpoint["reason"]
         odd.config.models_body = None  # the server answers normally again: later rounds still run
-        wait_until(lambda: _endpoint(http)["ready"], 60, "the probe loop to see the fixed server")
+        wait_until(lambda: _endpoint(http)["ready"], HANG_S, "the probe loop to see the fixed server")
 
 
 def test_one_failed_probe_does_not_open_the_circuit(proxy_factory, fake_vllm_factory, fake_primo, media_root):
@@ -64,13 +64,13 @@ def test_one_failed_probe_does_not_open_the_circuit(proxy_factory, fake_vllm_fac
                     {"circuit": {"failures": 3, "cooldown_s": 60}})
     with httpx.Client(base_url=server.url) as http:
         flaky.config.healthy = False
-        wait_until(lambda: not _endpoint(http)["ready"], 60, "a failed probe")
+        wait_until(lambda: not _endpoint(http)["ready"], HANG_S, "a failed probe")
         assert _endpoint(http)["circuit"] == "closed"  # one or two failures: still in rotation
-        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, 60,
+        endpoint = wait_until(lambda: (e := _endpoint(http))["circuit"] == "open" and e, HANG_S,
                               "circuit.failures failed probes")
         assert "health probe: /health answered 503 (3 in a row)" in endpoint["reason"]
         flaky.config.healthy = True
-        wait_until(lambda: _endpoint(http)["circuit"] == "closed", 60, "a good probe to close it")
+        wait_until(lambda: _endpoint(http)["circuit"] == "closed", HANG_S, "a good probe to close it")
 
 
 def test_a_call_answered_after_a_failed_probe_is_newer_evidence(proxy_factory, fake_vllm_factory, fake_primo,
@@ -189,13 +189,13 @@ def test_a_client_leaving_a_stream_frees_the_slot_and_closes_upstream(client, pr
     with socket.create_connection(("127.0.0.1", proxy_server.port)) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
                      b"content-length: %d\r\n\r\n" % len(body) + body)
-        wait_until(lambda: fake_qwen.fake.chats_in_progress == 1, 60, "the upstream call")
+        wait_until(lambda: fake_qwen.fake.chats_in_progress == 1, HANG_S, "the upstream call")
         if when == "after the first byte":
             assert sock.recv(1)
         assert _in_flight(client) == 1
     # the client is gone: the proxy releases the endpoint and hangs up on vLLM
-    wait_until(lambda: _in_flight(client) == 0, 60, "the endpoint slot to be released")
-    wait_until(lambda: fake_qwen.fake.chats_in_progress == 0, 60, "the upstream response to be closed")
+    wait_until(lambda: _in_flight(client) == 0, HANG_S, "the endpoint slot to be released")
+    wait_until(lambda: fake_qwen.fake.chats_in_progress == 0, HANG_S, "the upstream response to be closed")
 
 
 def test_streamed_calls_and_relayed_4xx_are_counted_truthfully(client, fake_qwen):

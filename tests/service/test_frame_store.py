@@ -15,7 +15,7 @@ from proxy.config import settings_from_dict
 from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 from tests.fakes.fake_vllm import decode_video_part
-from tests.helpers import wait_until
+from tests.helpers import HANG_S, wait_until
 from vlm_protocol.frame_store import frame_path
 
 EPISODE = {"task_text": "put the bowl on the plate", "frames_npy": npy_b64(episode_frames(24, 64, 64)),
@@ -161,7 +161,7 @@ def test_a_hung_disk_never_holds_up_a_score(store_proxy, monkeypatch, tmp_path):
         released.set()
     # once the disk answers, what was queued is written after all
     hashes = results[0]["frames"]["sha256"]
-    assert wait_until(lambda: all(frame_path(tmp_path / "frames", h).is_file() for h in hashes), 60,
+    assert wait_until(lambda: all(frame_path(tmp_path / "frames", h).is_file() for h in hashes), HANG_S,
                       "the queued frames to be written")
 
 

@@ -14,7 +14,7 @@ import pytest
 from proxy.config import settings_from_dict
 from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import decode_jpeg_b64, episode_frames, frame_level, npy_b64
-from tests.helpers import QWEN_MODEL, wait_until
+from tests.helpers import HANG_S, QWEN_MODEL, wait_until
 
 QWEN = "qwen2_5_vl_vllm"
 WINDOW, MIN_EPISODES = 32, 16
@@ -206,7 +206,7 @@ def test_probes_score_reversed_shuffled_and_other_instructions_in_the_background
             return (keys(http).get("1", {}).get("probes", {}).keys() >= {"reversed", "shuffled", "instruction"}
                     and keys(http)["1"])
 
-        entry = wait_until(probes_done, 60, "the three probes of task 1")
+        entry = wait_until(probes_done, HANG_S, "the three probes of task 1")
         # independently: reversed and shuffled frames are not rising, the other instruction is not the bowl
         for kind in ("reversed", "shuffled", "instruction"):
             assert entry["probes"][kind] == {"n": 1, "mean_margin": pytest.approx(0.9 - 0.3), "inversions": 0,

@@ -10,7 +10,7 @@ import httpx
 from proxy.config import settings_from_dict
 from tests.conftest import PROMPTS_DIR, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
-from tests.helpers import wait_until
+from tests.helpers import HANG_S, wait_until
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(6, 64, 64))}
 
@@ -20,7 +20,7 @@ def test_health_reports_each_backend_and_notices_a_dead_one(client, fake_primo):
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert set(health.json()["backends"]) == {"qwen2_5_vl_vllm", "PRIMO-R1"}
     fake_primo.stop()
-    health = wait_until(lambda: (h := client.get("/health").json())["status"] == "degraded" and h, 60,
+    health = wait_until(lambda: (h := client.get("/health").json())["status"] == "degraded" and h, HANG_S,
                         "the probe to notice the dead backend")
     primo = health["backends"]["PRIMO-R1"]
     assert primo["ready"] is False and primo["endpoints"][0]["reason"]
@@ -100,7 +100,7 @@ def test_prompt_edit_applies_without_restart(proxy_factory, fake_qwen, fake_prim
         os.utime(path, ns=(stamp, stamp))
         # the file is checked off the event loop, so the edit applies once that check has run
         after = wait_until(lambda: (sha := http.post("/score", json=EPISODE).json()["prompt"]["sha256"]) != before
-                           and sha, 60, "the edited template to be used")
+                           and sha, HANG_S, "the edited template to be used")
     assert before != after
     assert fake_qwen.chat_requests[-1]["messages"][-1]["content"][-1]["text"].startswith("EDITED t")
 
