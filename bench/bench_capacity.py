@@ -34,6 +34,8 @@ Per (cores, backend, kind), after a warm-up, one timed window (until `--requests
             near 100% = the process is GIL-bound whatever its cores. A thread that holds the GIL
             while waiting for a CPU counts as holding it: `*` marks gil ms > cpu ms (busy CPUs, or
             1 core shared by the loop and the media threads)
+  loop, thr cores used by the proxy's event-loop thread and by its other threads (the media pool):
+            with 2+ cores and neither near 1 per thread, the threads wait on each other (the GIL)
   gen, fake CPU ms per episode of the load generator and the fakes (and gen util), to show
   they are not the bottleneck
 Then the written model: episodes/s per proxy core (1000 / cpu ms at the fewest cores), the GIL
@@ -568,6 +570,18 @@ def cpu_s(pids: list[int]) -> float:
     return total
 
 
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process's main thread (the proxy's event loop) and of all its other threads."""
+    loop = rest = 0.0
+    with contextlib.suppress(psutil.Error):
+        for t in psutil.Process(pid).threads():
+            if t.id == pid:
+                loop += t.user_time + t.system_time
+            else:
+                rest += t.user_time + t.system_time
+    return loop, rest
+
+
 def busy_s(cpus: list[int]) -> float:
     """CPU seconds those CPUs spent on anything (every process), from /proc/stat."""
     per_cpu = psutil.cpu_times(percpu=True)
@@ -642,8 +656,10 @@ def run_cell(stack: Stack, pool: LoadPool, spec: BackendSpec, kind: str, body: B
                          placement.others)
         time.sleep(0.5)  # attach; the proxy is idle meanwhile (no GIL samples)
     proxy_cpu0, fake_cpu0, busy0 = cpu_s([stack.proxy.pid]), cpu_s(fake_pids), busy_s(placement.proxy)
+    threads0 = thread_cpu_s(stack.proxy.pid)
     done = pool.go(args.seconds + 180)
     proxy_cpu1, fake_cpu1, busy1 = cpu_s([stack.proxy.pid]), cpu_s(fake_pids), busy_s(placement.proxy)
+    threads1 = thread_cpu_s(stack.proxy.pid)
     gil = spy.stop() if spy else None
     if gil is not None and "error" in gil:
         print(f"py-spy failed, no GIL column from here on: {gil['error']}", flush=True)
@@ -662,7 +678,11 @@ def run_cell(stack: Stack, pool: LoadPool, spec: BackendSpec, kind: str, body: B
                # when shared, anyone else's work on a shared machine): what the proxy did not get
                others_util=max(0.0, (busy1 - busy0) - (proxy_cpu1 - proxy_cpu0)) / (wall * cores) if wall > 0 else 0.0,
                gen_ms=1e3 * gen_cpu / max(ok, 1), gen_util=gen_cpu / (wall * len(pool.procs)) if wall > 0 else 0.0,
-               fake_ms=1e3 * (fake_cpu1 - fake_cpu0) / max(ok, 1), p50_ms=pct(lat, 50), p99_ms=pct(lat, 99))
+               fake_ms=1e3 * (fake_cpu1 - fake_cpu0) / max(ok, 1), p50_ms=pct(lat, 50), p99_ms=pct(lat, 99),
+               # cores the event-loop thread used, and the other threads (the media pool): whether
+               # the loop or the pool is the one that is busy (docs/benchmarks.md §8, stop 36)
+               loop_cores=(threads1[0] - threads0[0]) / wall if wall > 0 else 0.0,
+               threads_cores=(threads1[1] - threads0[1]) / wall if wall > 0 else 0.0)
     if gil is not None:
         row["gil"] = gil
         if "samples" in gil:
@@ -742,7 +762,8 @@ def run_cores(cores: int, args, inputs: Inputs, available: list[int], py_spy: st
 
 # -- printing and the model --------------------------------------------------------------------------
 HEAD = (f"{'cores':>5} {'backend':7} {'kind':17} {'KiB':>6} {'ep/s':>7} {'cpu ms':>7} {'util':>5} {'oth%':>5} "
-        f"{'gil ms':>7} {'gil%':>5} {'gen ms':>6} {'gen%':>5} {'fake ms':>7} {'p50 ms':>7} {'n':>5} {'err':>4}")
+        f"{'gil ms':>7} {'gil%':>5} {'loop':>5} {'thr':>5} {'gen ms':>6} {'gen%':>5} {'fake ms':>7} {'p50 ms':>7} "
+        f"{'n':>5} {'err':>4}")
 
 
 def _f(value, spec: str, width: int) -> str:
@@ -753,7 +774,8 @@ def print_row(r: dict, flush: bool = False) -> None:
     print(f"{r['cores']:>5} {r['backend']:7} {r['kind']:17} {r['body_kib']:>6.0f} {_f(r['eps'], '.1f', 7)} "
           f"{_f(r['cpu_ms'], '.2f', 7)} {_f(r['util'], '.2f', 5)} {_f(100 * r['others_util'], '.0f', 5)} "
           f"{_f(r.get('gil_ms'), '.2f', 6)}{'*' if r.get('gil_ms', 0) > 1.05 * r['cpu_ms'] else ' '}"
-          f"{_f(100 * r['gil_busy'] if 'gil_busy' in r else None, '.0f', 5)} {_f(r['gen_ms'], '.2f', 6)} "
+          f"{_f(100 * r['gil_busy'] if 'gil_busy' in r else None, '.0f', 5)} {_f(r.get('loop_cores'), '.2f', 5)} "
+          f"{_f(r.get('threads_cores'), '.2f', 5)} {_f(r['gen_ms'], '.2f', 6)} "
           f"{_f(100 * r['gen_util'], '.0f', 5)} {_f(r['fake_ms'], '.2f', 7)} {_f(r['p50_ms'], '.0f', 7)} "
           f"{r['episodes']:>5} {r['errors']:>4}" + ("  FAILED: " + "; ".join(r["first_errors"]) if r["errors"] else ""),
           flush=flush)
@@ -818,8 +840,20 @@ def the_model(rows: list[dict], gpu: dict) -> list[dict]:
                     "gil_ms_per_ep": gil_ms, "gil_ceiling_eps": gil_ceiling,
                     "gil_ceiling_gpus": gil_ceiling / g if gil_ceiling else None,
                     "max_cores": high["cores"], "eps_at_max_cores": high["eps"], "gpus_at_max_cores": high["eps"] / g,
-                    "scaling": high["eps"] / low["eps"] if low["eps"] else None})
+                    "scaling": high["eps"] / low["eps"] if low["eps"] else None,
+                    "scaling_ceiling": shared_ceiling(low, high)})
     return out
+
+
+def shared_ceiling(low: dict, high: dict) -> float | None:
+    """When the load generator and the fakes run on the proxy's CPUs (a 2-core machine at 2 cores),
+    the scaling a proxy would reach that kept its CPU per episode of the fewest cores and got every
+    CPU cycle the bench's own processes leave: the cores over (proxy + generator + fake) ms per
+    episode, against the fewest cores' episodes/s. None when they had CPUs of their own."""
+    if not high["shared_cpus"] or not low["eps"]:
+        return None
+    per_episode_ms = low["cpu_ms"] + high["gen_ms"] + high["fake_ms"]
+    return high["cores"] * 1e3 / per_episode_ms / low["eps"]
 
 
 def sizing(model: list[dict], gpus: int) -> list[str]:
@@ -843,16 +877,18 @@ def print_model(model: list[dict], gpu: dict, gpus: int) -> None:
     print("  PRIMO-R1 ep/s per H100 by output length: " + ", ".join(f"{n} tok {v:.1f}" for n, v in sens.items()))
     print(f"{'backend':7} {'kind':17} {'cpu ms':>7} {'ep/s/core':>9} {'GPUs/core':>9} {'gil ms':>7} "
           f"{'GIL cap ep/s':>12} {'GIL cap GPUs':>12} {'max cores':>9} {'ep/s there':>10} {'GPUs there':>10} "
-          f"{'scale':>6}")
+          f"{'scale':>6} {'ceil':>5}")
     for m in model:
         print(f"{m['backend']:7} {m['kind']:17} {m['cpu_ms_per_ep']:>7.2f} {m['eps_per_core']:>9.1f} "
               f"{m['gpus_per_core']:>9.2f} {_f(m['gil_ms_per_ep'], '.2f', 7)} {_f(m['gil_ceiling_eps'], '.0f', 12)} "
               f"{_f(m['gil_ceiling_gpus'], '.1f', 12)} {m['max_cores']:>9} {m['eps_at_max_cores']:>10.1f} "
-              f"{m['gpus_at_max_cores']:>10.2f} {_f(m['scaling'], '.2f', 6)}")
+              f"{m['gpus_at_max_cores']:>10.2f} {_f(m['scaling'], '.2f', 6)} {_f(m['scaling_ceiling'], '.2f', 5)}")
     print("  ep/s/core = 1000 / (CPU ms per episode at the fewest cores); GPUs/core = that / one GPU's ep/s;\n"
           "  GIL cap = 1000 / (the least GIL ms per episode over the core counts): one proxy process cannot pass\n"
           "  it however many cores it has;\n"
-          "  'there' = measured at the most cores run (scale = its ep/s over the fewest cores' ep/s).")
+          "  'there' = measured at the most cores run (scale = its ep/s over the fewest cores' ep/s);\n"
+          "  ceil = where the bench's own processes shared the proxy's CPUs, the most 'scale' could be: a proxy\n"
+          "  whose CPU per episode stayed as at the fewest cores, given every cycle they leave.")
     print("\n".join(sizing(model, gpus)))
 
 
