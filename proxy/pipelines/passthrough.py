@@ -151,8 +151,8 @@ class ChatPassthrough:
                        stream: bool) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
         """One upstream call on a reserved slot; the caller releases the reservation."""
         pool = backend.pool
-        reservation = await pool.reserve(attempt.avoid)
-        attempt.sent = True
+        reservation = await pool.reserve(attempt.avoid, until=attempt.until)
+        attempt.slot_taken()
         endpoint = reservation.endpoint
         try:
             response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,

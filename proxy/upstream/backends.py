@@ -33,8 +33,8 @@ class Backend:
         """Run one upstream call on a reserved endpoint, feeding the outcome to its circuit.
         `group`: calls that share a prompt prefix (routing.policy affinity keeps them on one replica)."""
         queued = time.perf_counter()
-        async with self.pool.acquire(attempt.avoid, group) as endpoint:
-            attempt.sent = True
+        async with self.pool.acquire(attempt.avoid, group, until=attempt.until) as endpoint:
+            attempt.slot_taken()
             metrics.queue_wait.labels(self.name).observe(time.perf_counter() - queued)
             try:
                 result = await fn(endpoint)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from proxy.config import AdmissionConfig, CircuitConfig, RoutingConfig
-from proxy.errors import Overloaded, UpstreamUnavailable
+from proxy.errors import Overloaded, UpstreamTimeout, UpstreamUnavailable
 
 
 @dataclass
@@ -137,9 +137,11 @@ class EndpointPool:
                              f"(admission.max_queue {self.admission.max_queue})", retry_after_s=1.0)
 
     @asynccontextmanager
-    async def acquire(self, avoid: set[str] | None = None, key: str | None = None) -> AsyncIterator[Endpoint]:
-        """Reserve an in-flight slot on one endpoint for the duration of the block (`key`: a group)."""
-        reservation = await self.reserve(avoid, key)
+    async def acquire(self, avoid: set[str] | None = None, key: str | None = None,
+                      until: float | None = None) -> AsyncIterator[Endpoint]:
+        """Reserve an in-flight slot on one endpoint for the duration of the block (`key`: a group;
+        `until`: see reserve)."""
+        reservation = await self.reserve(avoid, key, until)
         ok = False
         try:
             yield reservation.endpoint
@@ -147,31 +149,40 @@ class EndpointPool:
         finally:
             self.release(reservation, ok)
 
-    async def reserve(self, avoid: set[str] | None = None, key: str | None = None) -> Reservation:
-        """Take a slot; the caller must `release` it (streams hold it until the last byte)."""
+    async def reserve(self, avoid: set[str] | None = None, key: str | None = None,
+                      until: float | None = None) -> Reservation:
+        """Take a slot; the caller must `release` it (streams hold it until the last byte).
+        `until` (time.monotonic()): the request's deadline; waiting for a slot past it is an
+        UpstreamTimeout, so a queue never holds a request longer than its caller will wait."""
         avoid = avoid or set()
         reservation = self._choose(avoid, key)
         if reservation is None:
             self.check_admission()
             self.waiting += 1
             try:
-                reservation = await self._wait_for_slot(avoid, key)
+                reservation = await self._wait_for_slot(avoid, key, until)
             finally:
                 self.waiting -= 1
         return reservation
 
-    async def _wait_for_slot(self, avoid: set[str], key: str | None) -> Reservation:
+    async def _wait_for_slot(self, avoid: set[str], key: str | None, until: float | None) -> Reservation:
         """FIFO: each release wakes exactly one waiter (no thundering herd at 1000 waiting)."""
         loop = asyncio.get_running_loop()
         front = False
         while True:
-            if not self._any_alive(time.monotonic()):
+            now = time.monotonic()
+            if not self._any_alive(now):
                 raise self._all_down()
+            if until is not None and now >= until:
+                raise UpstreamTimeout(
+                    f"no in-flight slot of this backend came free before the request's deadline ("
+                    f"{self.waiting} requests wait; admission.max_in_flight_per_endpoint "
+                    f"{self.admission.max_in_flight_per_endpoint})")
             woken = loop.create_future()
             (self._waiters.appendleft if front else self._waiters.append)(woken)
             try:
-                # Wake on a release, or now and then to notice a cool-down ending.
-                await asyncio.wait({woken}, timeout=0.5)
+                # Wake on a release, or now and then to notice a cool-down ending (or the deadline).
+                await asyncio.wait({woken}, timeout=0.5 if until is None else min(0.5, until - now))
             except BaseException:
                 if woken.done() and not woken.cancelled():
                     self._notify()  # cancelled after being woken: pass the freed slot on

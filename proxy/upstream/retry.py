@@ -53,6 +53,14 @@ class Attempt:
     # The deadline (the caller's budget or retry.deadline_s), not timeout_s, set `timeout_s`: a
     # timeout then is the caller's, never held against the replica's circuit (backends.py).
     deadline_bound: bool = False
+    until: float | None = None  # time.monotonic() by which the whole request must be done
+
+    def slot_taken(self) -> None:
+        """An endpoint slot was reserved: this attempt is an upstream call, and the time spent
+        waiting for the slot comes off its timeout (never past the request's deadline)."""
+        self.sent = True
+        if self.until is not None and (left := self.until - time.monotonic()) < self.timeout_s:
+            self.timeout_s, self.deadline_bound = max(left, 0.0), True
 
 
 class Deadline:
@@ -126,7 +134,7 @@ async def call_with_retries(
                     if left <= 0:
                         raise UpstreamTimeout(f"{deadline.why} ran out before vLLM answered")
                     current = Attempt(calls + 1, parse_round, min(cfg.timeout_s, left), avoid,
-                                      deadline_bound=left < cfg.timeout_s)
+                                      deadline_bound=left < cfg.timeout_s, until=deadline.ends)
                     try:
                         reply = await send(current)
                     except UpstreamError as err:
@@ -149,6 +157,6 @@ async def call_with_retries(
         raise last_parse_error
     except ProxyError as err:
         err.attempts = calls
-        if calls == 0 and isinstance(err, UpstreamUnavailable):
+        if calls == 0 and isinstance(err, UpstreamUnavailable | UpstreamTimeout):
             err.retryable = True  # nothing reached vLLM: the caller may safely ask again
         raise

@@ -1,11 +1,15 @@
 """Upstream failures through the real stack: retried, then answered with an explicit error."""
 
+import concurrent.futures
+import threading
+
 import httpx
 import pytest
 
 from proxy.config import settings_from_dict
-from tests.conftest import QWEN_REPLY, libero_settings_dict
+from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
+from tests.helpers import HANG_S, release_when, wait_until
 
 EPISODE = {"task_text": "stack the blocks", "frames_npy": npy_b64(episode_frames(8, 64, 64))}
 
@@ -143,3 +147,33 @@ def test_replica_failover_retries_on_the_other_endpoint(proxy_factory, fake_vllm
             assert http.post("/score", json=EPISODE).status_code == 200
     # every failure on the first replica was followed by a retry on the second
     assert len(second.chat_requests) >= 4
+
+
+def test_waiting_for_a_busy_replica_ends_at_the_callers_budget(proxy_factory, fake_vllm_factory, fake_primo,
+                                                              media_root):
+    # One in-flight slot, taken by a call the fake holds until the second request has its answer:
+    # the second waits in the queue and must get its 504 when its 5 s budget runs out, not be sent
+    # once the slot frees (the caller gave up long before). Were the wait unbounded, nothing would
+    # answer it until release_when's hang bound let the first call go, and it would then be scored.
+    fake = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY)
+    release = threading.Event()
+    fake.script({"hold": release})
+    data = libero_settings_dict([fake.base_url], [fake_primo.base_url], media_root)
+    data["backends"]["qwen2_5_vl_vllm"]["admission"] = {"max_in_flight_per_endpoint": 1, "max_queue": 8}
+    server = proxy_factory(settings_from_dict(data))
+    answered = threading.Event()
+    with (release_when(answered.is_set, release, HANG_S, "the queued request answered") as seen,
+          httpx.Client(base_url=server.url, timeout=HANG_S * 2) as http,
+          concurrent.futures.ThreadPoolExecutor(1) as pool):
+        first = pool.submit(http.post, "/score", json=EPISODE)
+        wait_until(lambda: fake.fake.state.chat_count == 1, HANG_S, "the first call reached the fake")
+        second = http.post("/score", json=EPISODE, headers={"x-reward-budget-ms": "5000"})
+        answered.set()
+        first = first.result()
+    assert seen["met"]
+    assert second.status_code == 504, second.text
+    error = second.json()["error"]
+    assert error["code"] == "upstream_timeout" and "no in-flight slot" in error["message"], error
+    assert error["attempts"] == 0 and error["retryable"] is True  # nothing reached vLLM: safe to ask again
+    assert first.status_code == 200, first.text
+    assert fake.fake.state.chat_count == 1  # the queued request was never sent
