@@ -78,8 +78,12 @@ def batch_body(bodies: list[ScoreRequestBody], fields: dict[str, Any] | None = N
 
 
 def batch_items(answer: Any, count: int) -> list[dict[str, Any]] | None:
-    """The per-item results of a batch answer, or None when it is not the shape above."""
+    """The per-item results of a batch answer, or None when it is not the shape above: a list of
+    `count`, each result at its item's place and saying so (`index`). A reward is never matched to
+    an episode by position alone: results out of order would pay one env another's score."""
     items = answer.get("results") if isinstance(answer, dict) else None
     if not isinstance(items, list) or len(items) != count:
         return None
-    return [item if isinstance(item, dict) else {} for item in items]
+    if any(not isinstance(item, dict) or item.get("index") != n for n, item in enumerate(items)):
+        return None
+    return items

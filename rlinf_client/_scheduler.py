@@ -213,7 +213,7 @@ class Scheduler:
             return self._same_for_all(group, err)
         items = batch_items(answer, len(group))
         if items is None:
-            self.batch.disable("its answer has no 'results' list of the right length")
+            self.batch.disable("its answer has no 'results' list of one result per item, each at its index")
             return await self._send(group, deadline)
         for pending in group:
             pending.attempts += attempts

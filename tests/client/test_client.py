@@ -35,7 +35,7 @@ from rlinf_client._exceptions import (
     InternalServerError,
     make_status_error,
 )
-from tests.client._support import FakeProxy, error_response, frame_tag, read_body, tagged_frames
+from tests.client._support import FakeProxy, error_response, frame_tag, read_body, score_body, tagged_frames
 from vlm_protocol.wire import BUDGET_HEADER, MAX_RETRY_AFTER_S, parse_retry_after
 
 FRAMES = tagged_frames(0, range(40), size=8)
@@ -273,6 +273,24 @@ async def test_batch_is_used_when_offered_and_its_item_errors_handled():
         results = await client.score_episodes(episodes[:2])
         assert [r.value for r in results] == [0.0, 0.9] and all(r.ok for r in results)
         assert fake.requests[-1][0] == "/score"
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda results: results[::-1],  # out of order, each still naming its own item
+    lambda results: [{k: v for k, v in r.items() if k != "index"} for r in results],  # no index at all
+], ids=["reversed", "no_index"])
+async def test_batch_results_not_at_their_index_are_never_paid_by_position(mangle):
+    # Each env's score is its first frame's tag: a permuted answer would pay env 0 env 4's reward.
+    fake = FakeProxy(batch=True, score_fn=lambda body, frames: frame_tag(frames[0])[0] / 10)
+    episodes = [Episode(tagged_frames(env, range(10), size=8), "t", 0.0) for env in range(5)]
+    async with client_for(fake, batch="auto") as client:
+        await client.score_episodes(episodes[:2])  # the probe and a first, well-formed batch
+        answer = [{"index": i, "ok": True, "status": 200, "result": score_body(i / 10)} for i in range(5)]
+        fake.script.append(httpx.Response(200, json={"results": mangle(answer)}))
+        results = await client.score_episodes(episodes)
+        assert [r.value for r in results] == [0.0, 0.1, 0.2, 0.3, 0.4] and all(r.ok for r in results)
+        assert client.uses_batch is False  # such a proxy's batches are not trusted again
+    assert [path for path, _ in fake.requests][-5:] == ["/score"] * 5  # each episode scored on its own
 
 
 async def test_a_refused_batch_falls_back_to_score_and_bad_frames_fail_alone():
