@@ -44,9 +44,10 @@ __all__ = ["progress_episodes"]
 log = logging.getLogger("rlinf_client")
 
 # A /progress/batch item is a /score body without what an embedding backend refuses (backend_kwargs)
-# or takes request-wide here (backend: one request, one embedding space).
+# or takes request-wide here (backend: one request, one embedding space). A second camera
+# (extra_view) goes along: the backend's frames.extra_view places it, or the proxy refuses it.
 ITEM_FIELDS = frozenset({"task_text", "frames", "frames_npy", "video_path", "fps", "video_fps", "nframes",
-                         "max_pixels", "metadata"})
+                         "max_pixels", "metadata", "extra_view"})
 
 Outcome = dict[str, Any] | RewardClientError  # an item's validated result, or its error
 

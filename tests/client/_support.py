@@ -52,7 +52,9 @@ def read_body(request: httpx.Request) -> dict:
     def inline(item: dict) -> dict:
         ref = item.get("frames_npy")
         if isinstance(ref, str) and ref.startswith(PART_PREFIX):
-            return {**item, "frames_npy": base64.b64encode(parts[ref[len(PART_PREFIX):]]).decode()}
+            item = {**item, "frames_npy": base64.b64encode(parts[ref[len(PART_PREFIX):]]).decode()}
+        if isinstance(item.get("extra_view"), dict):  # a second camera: a frames source of its own
+            item = {**item, "extra_view": inline(item["extra_view"])}
         return item
 
     return {"items": [inline(i) for i in body["items"]]} if "items" in body else inline(body)

@@ -55,6 +55,23 @@ def test_one_request_carries_every_episode_with_its_task_and_success(transport):
     assert (stats.episodes, stats.scored, stats.failures, stats.requests) == (4, 4, 0, 1)
 
 
+@pytest.mark.parametrize("transport", ["binary", "inline"])
+def test_a_second_camera_travels_with_its_item(transport):
+    # The wrist view (env + 10 in its tags) at the same steps as the main view: dropped, the
+    # embedding backend would see one camera and say nothing (or refuse every request).
+    fake = FakeProgressProxy()
+    episodes = [Episode(tagged_frames(env, range(6)), "task 3", float(success),
+                        extra_view=tagged_frames(10 + env, range(6)), metadata={"task_id": 3, "env_success": success})
+                for env, success in ((0, True), (1, False))]
+    results, _ = run(fake, episodes, transport=transport)
+    [body] = fake.batches
+    for item, env in zip(body["items"], (0, 1), strict=True):
+        main, wrist = decode_npy(item["frames_npy"]), decode_npy(item["extra_view"]["frames_npy"])
+        assert {frame_tag(f)[0] for f in wrist} == {10 + env}
+        assert [frame_tag(f)[1] for f in wrist] == [frame_tag(f)[1] for f in main]
+    assert [(r.ok, r.outcome) for r in results] == [(True, "success"), (True, "progress")]
+
+
 def test_a_task_is_never_split_across_requests(monkeypatch):
     """Over the byte cap, whole tasks go in separate requests: each task's math sees all its episodes."""
     fake = FakeProgressProxy()
