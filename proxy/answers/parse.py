@@ -128,11 +128,13 @@ def declared_fragment(text: str, tags: tuple[str, ...], untagged: bool, fail: Ca
     found = [(tag, inner) for tag in tags for inner in _tag_pattern(tag).findall(visible)]
     if len(found) > 1:
         raise fail(f"{len(found)} {what} tags ({', '.join(f'<{t}>' for t, _ in found)}); which is the {what}?")
-    if found:
-        return found[0][1], f"{found[0][0]}_tag"
-    unclosed = [t for t in tags if re.search(rf"<{re.escape(t)}>", visible, re.I)]
+    # More openings than closed pairs: a second answer begun and never finished, before or after the
+    # closed one (which is then not the one answer the template asked for).
+    unclosed = [t for t in tags if len(re.findall(rf"<{re.escape(t)}>", visible, re.I)) > sum(f[0] == t for f in found)]
     if unclosed:
         raise fail(f"<{unclosed[0]}> is never closed")
+    if found:
+        return found[0][1], f"{found[0][0]}_tag"
     if not visible.strip():
         raise fail(f"the reply holds reasoning and no {what} after it" if (text or "").strip()
                    else "the reply is empty")

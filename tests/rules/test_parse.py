@@ -63,6 +63,8 @@ ERRORS = [
     ("<answer>150</answer>", ANSWER_0_100, "auto", "not one number"),  # out of range: never clamped
     ("<answer>-5</answer>", ANSWER_0_100, "auto", "not one number"),
     ("<answer>60", ANSWER_0_100, "auto", "never closed"),
+    ("<answer>85</answer> <answer>", ANSWER_0_100, "auto", "never closed"),  # a second answer begun, cut
+    ("<answer> <answer>85</answer>", ANSWER_0_100, "auto", "never closed"),
     (REASONING, ANSWER_0_100, "auto", "reasoning and no answer"),  # numbers in reasoning are never a fallback
     ("<think>it is 80 percent done", ANSWER_0_100, "auto", "reasoning and no answer"),  # cut inside the reasoning
     ("<answer>yes</answer>", ANSWER_0_100, "auto", "not one number"),  # a verdict on a numeric scale
