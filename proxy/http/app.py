@@ -83,7 +83,9 @@ def _credentials(settings: Settings) -> Credentials:
 def create_app(settings: Settings) -> FastAPI:
     prompts = PromptStore(settings.proxy.prompts_dir)
     _check_prompts(settings, prompts)
-    prepare_media_roots(settings.proxy.allowed_media_roots)
+    # Every video_path is checked against the roots' real paths as they are now, at start-up.
+    roots = prepare_media_roots(settings.proxy.allowed_media_roots)
+    settings = settings.model_copy(update={"proxy": settings.proxy.model_copy(update={"allowed_media_roots": roots})})
     for warning in settings.warnings():
         log.warning(warning)
     credentials = _credentials(settings)

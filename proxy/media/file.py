@@ -150,20 +150,33 @@ def open_video(video_path: str, allowed_roots: list[Path]) -> OpenedVideo:
 
 
 def _under_a_root(path: Path, allowed_roots: list[Path]) -> bool:
-    return any(path.is_relative_to(root.resolve()) for root in allowed_roots)
+    # The roots are real paths fixed at start-up (prepare_media_roots), never resolved again: a root
+    # replaced by a symlink while the proxy runs moves nothing.
+    return any(path.is_relative_to(root) for root in allowed_roots)
 
 
-def prepare_media_roots(allowed_roots: list[Path]) -> None:
+def prepare_media_roots(allowed_roots: list[Path]) -> list[Path]:
     """At start-up: create a missing root owner-only (0700); refuse a root any local user may write
-    to (world-writable, like /tmp itself) or one another user owns (a squatted /tmp/<name>): whoever
-    can write under a root chooses what the proxy decodes."""
+    to (world-writable, like /tmp itself), one another user owns (a squatted /tmp/<name>), or one
+    reached through a symlink another user owns (/tmp/<name> -> /): whoever can write under a root,
+    or choose where it points, chooses what the proxy decodes. Returns the roots' real paths, which
+    the proxy checks every video_path against from then on."""
+    real_roots = []
     for root in allowed_roots:
-        if not root.exists():
+        if not root.exists() and not root.is_symlink():
             try:
                 root.mkdir(mode=0o700, parents=True)
             except OSError as err:
                 raise ConfigError(f"proxy.allowed_media_roots: cannot create {root}: {err.strerror}") from err
-        info = root.resolve().stat()
+        for step in (root, *root.parents):
+            if step.is_symlink() and (owner := step.lstat().st_uid) not in (os.getuid(), 0):
+                raise ConfigError(f"proxy.allowed_media_roots: {root} goes through {step}, a symbolic link "
+                                  f"another user owns (uid {owner}); name the directory itself")
+        try:
+            real = root.resolve(strict=True)
+        except (OSError, RuntimeError) as err:
+            raise ConfigError(f"proxy.allowed_media_roots: {root} cannot be resolved: {type(err).__name__}") from err
+        info = real.stat()
         if not stat.S_ISDIR(info.st_mode):
             raise ConfigError(f"proxy.allowed_media_roots: {root} is not a directory")
         if info.st_mode & stat.S_IWOTH:
@@ -172,3 +185,5 @@ def prepare_media_roots(allowed_roots: list[Path]) -> None:
         if info.st_uid not in (os.getuid(), 0):
             raise ConfigError(f"proxy.allowed_media_roots: {root} is owned by another user (uid {info.st_uid}); "
                               "use a directory this user (or root) owns")
+        real_roots.append(real)
+    return real_roots

@@ -12,15 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
+import httpx
 import pytest
 import yaml
 
-from proxy.config import load_settings
+from proxy.config import load_settings, settings_from_dict
 from proxy.errors import ConfigError, MediaFormatRefused
 from proxy.media.budget import DecodeBudget
 from proxy.media.decode import FrameLimits
 from proxy.media.file import FFMPEG_CAPTURE_OPTIONS, open_video, prepare_media_roots
 from proxy.media.video import read_video
+from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import _write_video, episode_frames, write_lossless_video, write_mp4
 from tests.helpers import REPO, assert_unopened
 from tests.security._media_stack import MediaStack, media_stack, refusal
@@ -167,6 +169,48 @@ def test_a_world_writable_media_root_is_refused_at_start_up(tmp_path):
         prepare_media_roots([shared])
     with pytest.raises(ConfigError, match="writable by every local user"):
         prepare_media_roots([Path("/tmp")])
+
+
+def test_a_root_through_another_users_symlink_is_refused_at_start_up(tmp_path):
+    # /tmp/<name> -> / planted by another local user: / is root's and not world-writable, so only
+    # the link itself says who chose the root.
+    if os.geteuid() != 0:
+        pytest.skip("only root can make a link another user owns (CI runs as root)")
+    planted = tmp_path / "vlm-reward-media"
+    planted.symlink_to("/")
+    os.lchown(planted, 54321, 54321)
+    with pytest.raises(ConfigError, match="symbolic link another user owns"):
+        prepare_media_roots([planted])
+    with pytest.raises(ConfigError, match="symbolic link another user owns"):
+        prepare_media_roots([planted / "tmp"])  # a link on the way counts as much as the last one
+
+
+def test_a_root_through_ones_own_symlink_is_its_real_directory(tmp_path):
+    real = tmp_path / "disk" / "media"
+    real.mkdir(parents=True, mode=0o700)
+    (tmp_path / "media").symlink_to(real)
+    assert prepare_media_roots([tmp_path / "media"]) == [real]
+
+
+def test_a_root_replaced_by_a_symlink_while_the_proxy_runs_moves_nothing(
+        tmp_path, proxy_factory, fake_qwen, fake_primo):
+    # A proxy of its own: the test replaces its media root (a tmp cleaner removed the idle
+    # directory, someone put a link to another tree in its place).
+    root, elsewhere = tmp_path / "media", tmp_path / "elsewhere"
+    root.mkdir(mode=0o700)
+    elsewhere.mkdir()
+    inside = write_mp4(root / "ep.mp4", episode_frames(12, 64, 64))
+    secret = write_mp4(elsewhere / "secret.mp4", episode_frames(12, 64, 64))
+    server = proxy_factory(settings_from_dict(libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], root)))
+    with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as http:
+        score = lambda path: http.post("/score", json={"task_text": "t", "video_path": str(path)})  # noqa: E731
+        assert score(inside).status_code == 200
+        root.rename(tmp_path / "media.old")
+        root.symlink_to(elsewhere)
+        before = len(fake_qwen.chat_requests)
+        for path in (root / "secret.mp4", secret):
+            refusal(score(path), 403, "media_forbidden")
+        assert len(fake_qwen.chat_requests) == before  # no frame of the other tree went anywhere
 
 
 @pytest.mark.parametrize("config", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
