@@ -135,7 +135,8 @@ class Stack:
         """The proxy's own readiness probe (proxy/upstream/health.py) of each (base URL, model, key), all at
         once, on this stack's private loop and client."""
         async def all_of() -> list[Readiness]:
-            return await asyncio.gather(*(probe(self._http, url, model, timeout_s=2.0, api_key=key)
+            return await asyncio.gather(*(probe(self._http, url, model, timeout_s=2.0,
+                                                headers={"authorization": f"Bearer {key}"} if key else None)
                                           for url, model, key in targets))
 
         return self._loop.run_until_complete(all_of())

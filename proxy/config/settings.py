@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -182,6 +183,9 @@ class BackendConfig(_Strict):
 
     @model_validator(mode="after")
     def _chat_needs_prompt(self) -> BackendConfig:
+        if self.api_key_env and any("@" in urlsplit(url).netloc for url in self.endpoints):
+            raise ValueError("an endpoint URL with user:password@ and api_key_env would both set the "
+                             "Authorization header: give the server's key in api_key_env only")
         if self.kind == "chat":
             missing = [key for key in ("layout", "prompt") if getattr(self, key) is None]
             if missing:

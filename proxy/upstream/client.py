@@ -114,9 +114,7 @@ class UpstreamClient:
         """One POST. A whole reply is read within `timeout_s`; a 200 stream must have its
         headers within `timeout_s`, then may pause at most `timeout_s` between chunks.
         `from_root`: `path` is under the server's root, not its /v1 (vLLM's /tokenize)."""
-        headers = {"content-type": "application/json"}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
+        headers = {"content-type": "application/json", **endpoint.auth_headers(api_key)}
         url = (endpoint.base_url.removesuffix("/v1") if from_root else endpoint.base_url) + path
         response = handed_off = None
         try:

@@ -55,7 +55,7 @@ def server_root(base_url: str) -> str:
 
 
 async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, timeout_s: float,
-                api_key: str | None = None) -> Readiness:
+                headers: dict[str, str] | None = None) -> Readiness:
     """`model=None` asks only that the server answers /health at all (the proxy itself, whose
     /health is 503 while its backends load)."""
     now = time.time()
@@ -64,12 +64,11 @@ async def probe(http: httpx.AsyncClient, base_url: str, model: str | None, *, ti
         return Readiness(False, f"{summary}{detail}" if detail else summary, now, code, summary)
 
     try:
-        health = await http.get(server_root(base_url) + "/health", timeout=timeout_s)
+        health = await http.get(server_root(base_url) + "/health", timeout=timeout_s, headers=headers)
         if model is None:
             return Readiness(True, None, now)
         if health.status_code != 200:
             return not_ready("health_status", f"/health answered {health.status_code}")
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         models = await http.get(base_url + "/models", timeout=timeout_s, headers=headers)
         if models.status_code == 401:
             return not_ready("models_unauthorized", "/v1/models answered 401: the backend's api_key_env does "
@@ -115,7 +114,7 @@ class Prober:
                   for endpoint in backend.pool.endpoints]
         outcomes = await asyncio.gather(*(
             probe(self.http, endpoint.base_url, backend.config.model, timeout_s=self.timeout_s,
-                  api_key=backend.config.api_key())
+                  headers=endpoint.auth_headers(backend.config.api_key()))
             for backend, endpoint in checks))
         for (backend, endpoint), readiness in zip(checks, outcomes, strict=True):
             if any(e is endpoint for e in backend.pool.endpoints):  # not removed during the round

@@ -23,22 +23,36 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from proxy.config import AdmissionConfig, CircuitConfig, RoutingConfig
 from proxy.errors import Overloaded, UpstreamTimeout, UpstreamUnavailable
 
 
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(the URL without its userinfo, (user, password) or None). The pool keeps the first as the
+    endpoint's name, which answers, errors, metrics, logs and the audit log show: credentials
+    written in a configured URL (`http://user:pass@host`) go to that server and nowhere else."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    shown = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return shown, (unquote(parts.username or ""), unquote(parts.password or ""))
+
+
 @dataclass
 class Endpoint:
-    base_url: str  # ends in /v1
+    base_url: str  # ends in /v1; never with credentials (split_credentials)
+    credentials: tuple[str, str] | None = field(default=None, repr=False, compare=False)  # HTTP basic auth
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
@@ -49,6 +63,16 @@ class Endpoint:
     last_failure_by_probe: bool = False  # (then /health can name the probe's code to anyone)
     draining: bool = False  # removed at run time: no new calls; gone from the pool when the last ends
     answered_at: float = 0.0  # time.time() of its last good call or probe: newer than a failed probe, it wins
+
+    def auth_headers(self, api_key: str | None) -> dict[str, str]:
+        """The Authorization header of a call: the backend's vLLM key (Bearer), else the URL's
+        user:password (Basic, UTF-8 as httpx sends it); config refuses both on one backend."""
+        if api_key:
+            return {"authorization": f"Bearer {api_key}"}
+        if self.credentials:
+            pair = ":".join(self.credentials).encode()
+            return {"authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
+        return {}
 
     @property
     def circuit_open(self) -> bool:
@@ -74,7 +98,7 @@ class Reservation(NamedTuple):
 class EndpointPool:
     def __init__(self, urls: list[str], admission: AdmissionConfig | None = None,
                  circuit: CircuitConfig | None = None, routing: RoutingConfig | None = None) -> None:
-        self.endpoints = [Endpoint(u) for u in urls]
+        self.endpoints = [Endpoint(*split_credentials(u)) for u in urls]
         self.admission = admission or AdmissionConfig()
         self.circuit = circuit or CircuitConfig()
         self.routing = routing or RoutingConfig()
@@ -228,7 +252,8 @@ class EndpointPool:
 
     # -- endpoints added and removed at run time ----------------------------------------------
     def find(self, url: str) -> Endpoint | None:
-        return next((e for e in self.endpoints if e.base_url == url), None)
+        name = split_credentials(url)[0]
+        return next((e for e in self.endpoints if e.base_url == name), None)
 
     def add(self, url: str) -> bool:
         """Put `url` in rotation: a new endpoint, or a draining one (its drain is cancelled; its
@@ -237,7 +262,7 @@ class EndpointPool:
         if endpoint is not None and not endpoint.draining:
             return False
         if endpoint is None:
-            self.endpoints.append(Endpoint(url))
+            self.endpoints.append(Endpoint(*split_credentials(url)))
         else:
             endpoint.draining = False
         self._notify(everyone=True)  # the queue may proceed on it

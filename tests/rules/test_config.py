@@ -46,6 +46,7 @@ def test_defaults_are_safe():
     (_minimal(layout="images", frames={"extra_view": "second_video"}), "second_video needs a layout with a video"),
     (_minimal(endpoints=["127.0.0.1:8001"]), "backends.b.endpoints"),
     (_minimal(retry={"backoff_s": [5, 1]}), "backends.b.retry.backoff_s"),
+    (_minimal(endpoints=["http://u:p@127.0.0.1:8001/v1"], api_key_env="K"), "both set the Authorization header"),
     ({**_minimal(), "proxy": {"port": 70000}}, "proxy.port"),
     ({**_minimal(), "proxy": {"hots": "0.0.0.0"}}, "proxy.hots"),
     ({"backends": {}}, "backends"),

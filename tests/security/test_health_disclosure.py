@@ -5,11 +5,13 @@ detailed reasons (as its error answers would), still without the credentials."""
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import pytest
 
 from proxy.config import settings_from_dict
-from tests.conftest import QWEN_MODEL, libero_settings_dict
+from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 
 QWEN = "qwen2_5_vl_vllm"
@@ -23,12 +25,15 @@ def leaky(monkeypatch, proxy_factory, fake_vllm_factory, fake_primo, media_root)
     model the server named itself (its readiness reason quotes the server)."""
     monkeypatch.setenv("PROXY_KEY", SCORING)
     monkeypatch.setenv("PROXY_ADMIN_KEY", ADMIN)
-    with_password = fake_vllm_factory(served_model_name=QWEN_MODEL)
+    with_password = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY)
     odd = fake_vllm_factory(served_model_name=QWEN_MODEL, models_body={"data": [{"id": UPSTREAM_WORDS}]})
     url = with_password.base_url.replace("http://", f"http://operator:{PASSWORD}@")
     data = libero_settings_dict([url, odd.base_url], [fake_primo.base_url], media_root, api_key_env="PROXY_KEY",
                                 admin_api_key_env="PROXY_ADMIN_KEY")
-    return proxy_factory(settings_from_dict(data))
+    data["backends"][QWEN]["retry"]["attempts"] = 1  # a failed call is answered, not failed over
+    server = proxy_factory(settings_from_dict(data))
+    server.with_password = with_password  # the fake behind the URL with credentials
+    return server
 
 
 def _health(server, key: str | None) -> tuple[str, dict]:
@@ -44,7 +49,7 @@ def test_health_without_a_key_shows_codes_not_upstream_words_nor_credentials(lea
     odd = next(e for e in endpoints.values() if not e["ready"])
     assert odd["reason_code"] == "model_not_served"
     assert odd["reason"].startswith(f"health probe: model {QWEN_MODEL!r} not served (")
-    assert any(e["url"].startswith("http://***@") for e in endpoints.values())
+    assert all("@" not in e["url"] for e in endpoints.values())  # the server, never its userinfo
 
 
 @pytest.mark.parametrize("key", [SCORING, ADMIN])
@@ -53,6 +58,28 @@ def test_a_key_holder_sees_the_detail_but_never_credentials_in_urls(leaky, key):
     assert PASSWORD not in text
     odd = next(e for e in endpoints.values() if not e["ready"])
     assert odd["reason_code"] == "model_not_served" and UPSTREAM_WORDS in odd["reason"]
+
+
+def test_credentials_in_an_endpoint_url_go_to_that_server_and_nowhere_else(leaky):
+    # Answers, metrics and error messages name the endpoint: without its userinfo, which goes to
+    # the server as HTTP basic auth (found by review: /score's `endpoint`, /metrics labels and a
+    # 503's message showed the password to any scoring key).
+    fake = leaky.with_password
+    with httpx.Client(base_url=leaky.url, timeout=30, trust_env=False,
+                      headers={"authorization": f"Bearer {SCORING}"}) as http:
+        episode = {"task_text": "t", "frames_npy": npy_b64(episode_frames(4, 56, 56))}
+        scored = http.post("/score", json=episode)  # the other endpoint does not serve the model
+        fake.script({"status": 500, "message": "broken"})
+        failed = http.post("/score", json={**episode, "backend": QWEN})
+        metrics = http.get("/metrics").text
+    assert scored.status_code == 200, scored.text
+    assert scored.json()["endpoint"] == fake.base_url
+    assert failed.status_code == 503 and fake.base_url in failed.text
+    for text in (scored.text, failed.text, metrics):
+        assert PASSWORD not in text
+    assert f'endpoint="{fake.base_url}"' in metrics
+    basic = "Basic " + base64.b64encode(f"operator:{PASSWORD}".encode()).decode()
+    assert {r.headers.get("authorization") for r in fake.fake.state.requests} == {basic}
 
 
 def test_a_failing_endpoint_shows_anyone_a_code_and_a_keyed_caller_the_cause(
