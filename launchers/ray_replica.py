@@ -45,8 +45,11 @@ def _with_pdeathsig(argv: list[str]) -> tuple[list[str], Callable[[], None] | No
 class ReplicaProcess:
     def __init__(self, name: str, run_id: str) -> None:
         self.name = name
-        self.log_path = Path(tempfile.gettempdir()) / "vlm-reward-proxy-ray" / run_id / f"{name}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # A directory of its own, made new (mkdtemp: owner-only, a name nobody can guess and plant
+        # first): a fixed /tmp path let another local user pre-create it and link the log to any
+        # file the launching user may write, or read every replica's log.
+        folder = tempfile.mkdtemp(prefix=f"vlm-reward-proxy-ray-{run_id}-{name}-")
+        self.log_path = Path(folder) / f"{name}.log"
         self.popen: subprocess.Popen | None = None
 
     def node(self) -> dict:
@@ -68,7 +71,9 @@ class ReplicaProcess:
             self._kill_group(self.popen.pid)
         child_env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in ray.get_gpu_ids())}
         wrapped, preexec = _with_pdeathsig(argv)
-        with open(self.log_path, "ab") as log:
+        # O_NOFOLLOW: the log is never a link, whoever could write in the folder since
+        with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600),
+                       "ab") as log:
             log.write(f"# {' '.join(argv)}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
