@@ -25,6 +25,7 @@ from proxy.errors import (
     ScoreParseError,
     TokenBudgetExceeded,
     UpstreamProtocolError,
+    UpstreamTimeout,
 )
 from proxy.media.budget import DecodeBudget, MediaExecutor
 from proxy.media.decode import FrameLimits
@@ -207,11 +208,17 @@ class Scorer:
 
             async def ask(endpoint: Endpoint) -> ChatReply:
                 payload = first_ask if attempt.parse_round == 0 else encode_body(body, sampling)
+                timeout_s = attempt.timeout_s
                 if words:  # the endpoint's own ids of the two words go into the body
+                    ends = time.monotonic() + timeout_s  # the lookups and the chat: one call's time
                     tokens = answer_tokens[endpoint.base_url] = await self.answer_tokens.resolve(
-                        endpoint, cfg.model, words, timeout_s=attempt.timeout_s, api_key=cfg.api_key())
+                        endpoint, cfg.model, words, timeout_s=timeout_s, api_key=cfg.api_key())
                     payload = encode_body(body, {**sampling, "logprob_token_ids": tokens.ids})
-                return await self.upstream.chat(endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key())
+                    timeout_s = ends - time.monotonic()
+                    if timeout_s <= 0:
+                        raise UpstreamTimeout(f"{endpoint.base_url} used the call's {attempt.timeout_s:.1f}s on "
+                                              "/tokenize", endpoint=endpoint.base_url)
+                return await self.upstream.chat(endpoint, payload, timeout_s=timeout_s, api_key=cfg.api_key())
 
             return await backend.call(attempt, self.metrics, ask, group)
 

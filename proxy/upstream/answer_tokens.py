@@ -9,9 +9,10 @@ answer is one token's probability, and "True" split in two would make P(first pi
 from __future__ import annotations
 
 import asyncio
+import time
 
 from proxy.answers.probability import AnswerTokens
-from proxy.errors import PromptTemplateError
+from proxy.errors import PromptTemplateError, UpstreamTimeout
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.pool import Endpoint
 
@@ -26,7 +27,9 @@ class AnswerTokenIds:
 
     async def resolve(self, endpoint: Endpoint, model: str, words: tuple[str, str], *, timeout_s: float,
                       api_key: str | None) -> AnswerTokens:
-        ids = [await self._one(endpoint, model, word, timeout_s, api_key) for word in words]
+        """Both ids within `timeout_s` in all (a caller waiting on another's lookup included)."""
+        ends = time.monotonic() + timeout_s
+        ids = [await self._one(endpoint, model, word, ends, api_key) for word in words]
         if ids[0] == ids[1]:
             raise PromptTemplateError(f"the probability answer's words {words[0]!r} and {words[1]!r} are the same "
                                       f"token ({ids[0]}) for model {model!r}")
@@ -37,14 +40,24 @@ class AnswerTokenIds:
         for key in [key for key in self._ids if key[0] == endpoint]:
             del self._ids[key]
 
-    async def _one(self, endpoint: Endpoint, model: str, word: str, timeout_s: float, api_key: str | None) -> int:
+    async def _one(self, endpoint: Endpoint, model: str, word: str, ends: float, api_key: str | None) -> int:
         key = (endpoint.base_url, model, word)
         held = self._ids.get(key)
+        left = ends - time.monotonic()
         if held is None:
-            held = self._ids[key] = asyncio.ensure_future(self._ask(endpoint, model, word, timeout_s, api_key))
-            held.add_done_callback(lambda done: self._ids.pop(key, None) if done.cancelled() or done.exception()
-                                   else None)  # a failure is asked again, never cached
-        return await asyncio.shield(held)  # one caller giving up does not cancel the others' answer
+            held = self._ids[key] = asyncio.ensure_future(self._ask(endpoint, model, word, max(left, 0.0), api_key))
+
+            def uncache(done: asyncio.Future[int]) -> None:  # a failure is asked again, never cached
+                if (done.cancelled() or done.exception()) and self._ids.get(key) is done:
+                    del self._ids[key]  # (not a newer lookup's entry, after forget())
+            held.add_done_callback(uncache)
+        try:
+            # One caller giving up does not cancel the others' answer (shield); each waits only
+            # for its own time, not for the lookup another, more patient caller started.
+            return await asyncio.wait_for(asyncio.shield(held), max(left, 0.0))
+        except TimeoutError:
+            raise UpstreamTimeout(f"{endpoint.base_url} did not answer /tokenize in time",
+                                  endpoint=endpoint.base_url) from None
 
     async def _ask(self, endpoint: Endpoint, model: str, word: str, timeout_s: float, api_key: str | None) -> int:
         tokens = await self.upstream.tokenize(endpoint, model, word, timeout_s=timeout_s, api_key=api_key)

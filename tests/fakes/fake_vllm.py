@@ -13,6 +13,7 @@ Behaviour per chat request: the next scripted action if any, else the default re
     {"hang_s": 30}                                   answer nothing for that long
     {"reply": "a b c", "word_delay_s": 1}            (stream: true) a pause after each word
     {"hold": threading.Event()}                      (in-process) answer once the test sets it
+                                                     (FakeConfig.tokenize_hold: the same for /tokenize)
     {"reply": "True", "ignore_label_ids": true}      logprobs as if logprob_token_ids were not sent
 Like stock vLLM it answers 401 on /v1/* without the bearer token when `api_key` is set, 404 for an
 unknown model, 400 (param media_io_kwargs /
@@ -73,6 +74,8 @@ class FakeConfig:
     # With `logprob_token_ids`: the logprob of each word at the reply's first token (others: -9999, as
     # vLLM clips); FakeState.label_fn(body) decides instead when set (answers that depend on the frames)
     label_logprobs: dict[str, float] | None = None
+    # (in-process) POST /tokenize answers once the test sets it: a replica slow to tokenize
+    tokenize_hold: threading.Event | None = None
 
 
 @dataclass
@@ -192,6 +195,8 @@ class FakeVLLM:
             body = json.loads(raw_body)
             if cfg.record:
                 self.state.requests.append(RecordedRequest("POST", path, headers, body))
+            while cfg.tokenize_hold is not None and not cfg.tokenize_hold.is_set():
+                await asyncio.sleep(0.01)
             if body.get("model") != cfg.served_model_name:
                 await _send_json(writer, 404, _error(f"The model `{body.get('model')}` does not exist.",
                                                      "NotFoundError", 404, "model"))

@@ -6,9 +6,11 @@ serve the module (the fake is reset between tests).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from tests.fakes.episodes import decode_jpeg_b64, episode_frames, frame_level, n
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.grader import last_video_frame
 from tests.fakes.proxy_server import ProxyServerThread
+from tests.helpers import HANG_S, release_when, wait_until
 
 TASK = "put the black bowl on the plate"
 FRAMES = npy_b64(episode_frames(24, 64, 64))
@@ -144,6 +147,36 @@ def test_concurrent_first_requests_tokenize_each_word_once_and_stale_ids_are_no_
     finally:
         stack.fake.config.vocab = {**stack.fake.config.vocab, "True": TRUE_ID, "False": FALSE_ID}
         stack.proxy.app.state.scorer.answer_tokens.forget(stack.fake.base_url)
+
+
+def test_a_slow_tokenize_ends_at_the_callers_budget_and_keeps_the_others_lookup(
+        proxy_factory, fake_vllm_factory, media_root):
+    # A proxy of its own: its token ids must not be known yet. A first request (no budget) starts
+    # the endpoint's /tokenize, which the fake holds until a second request, with a 3 s budget and
+    # waiting on that same lookup, has its answer: a 504 at its own budget (found by review: it
+    # waited for the first caller's lookup, up to twice the call timeout). The first is scored.
+    hold = threading.Event()
+    fake = fake_vllm_factory(served_model_name=QWEN_MODEL, tokenize_hold=hold,
+                             label_logprobs={"True": math.log(0.7), "False": math.log(0.2)})
+    data = libero_settings_dict([fake.base_url], [], media_root)
+    qwen = data["backends"].pop("qwen2_5_vl_vllm")
+    data["backends"] = {"p_done": {**qwen, "prompt": "topreward", "score_mode": "auto"}}
+    server = proxy_factory(settings_from_dict(data))
+    episode = {"task_text": TASK, "frames_npy": FRAMES}
+    answered = threading.Event()
+    with (release_when(answered.is_set, hold, HANG_S, "the impatient request answered") as seen,
+          httpx.Client(base_url=server.url, timeout=HANG_S * 2, trust_env=False) as http,
+          concurrent.futures.ThreadPoolExecutor(1) as pool):
+        patient = pool.submit(http.post, "/score", json=episode)
+        wait_until(lambda: any(r.path == "/tokenize" for r in fake.fake.state.requests), HANG_S, "a lookup began")
+        impatient = http.post("/score", json=episode, headers={"x-reward-budget-ms": "3000"})
+        answered.set()
+        patient = patient.result()
+    assert seen["met"]
+    assert impatient.status_code == 504 and impatient.json()["error"]["code"] == "upstream_timeout", impatient.text
+    assert patient.status_code == 200 and patient.json()["score"] == pytest.approx(0.7), patient.text
+    assert sorted(r.body["prompt"] for r in fake.fake.state.requests if r.path == "/tokenize") == ["False", "True"]
+    assert len(fake.chat_requests) == 1  # the impatient request never reached the chat
 
 
 def test_p_done_on_a_batch_each_item_its_own_probability(stack):
