@@ -114,9 +114,14 @@ class RewardModelConfig:
         problems = []
         if not self.endpoint.startswith(("http://", "https://")):
             problems.append(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
+        # A quoted "false" is a true string: a switch that is not a YAML boolean would turn the
+        # reward model on, or keep thresholding scores, against what its value reads.
+        for name in ("enable", "fail_on_request_error", "binary_reward", "keep_temp_video", "client_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be true or false (unquoted), got {getattr(self, name)!r}")
         for name in ("timeout", "video_fps", "connect_timeout", "episode_fps"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a positive number, got {value!r}")
         for name, low in (("nframes", 1), ("max_pixels", 1), ("frame_stride", 1),
                           ("max_concurrency", 1), ("max_retries", 0), ("buffer_frames", 0)):
@@ -132,8 +137,9 @@ class RewardModelConfig:
             problems.append("dense_points pays progress differences, which a thresholded score has not: "
                             "set binary_reward: false")
         problems.extend(self._progress_problems())
-        if not 0.0 <= float(self.success_threshold) <= 1.0:
-            problems.append(f"success_threshold must be within [0, 1], got {self.success_threshold!r}")
+        threshold = self.success_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
+            problems.append(f"success_threshold must be a number within [0, 1], got {threshold!r}")
         if self.transport not in ("inline", "path", "binary"):
             problems.append(f"transport must be 'inline', 'path' or 'binary', got {self.transport!r}")
         if self.frame_encoding not in ("auto", "raw"):

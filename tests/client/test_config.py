@@ -49,6 +49,22 @@ def test_bad_values_are_refused(bad):
         RewardModelConfig.from_mapping(bad)
 
 
+@pytest.mark.parametrize(("bad", "says"), [
+    # quoted in YAML, each reads as the opposite of what it does: a non-empty string is true
+    ({"enable": "false"}, "enable must be true or false"),
+    ({"binary_reward": "false"}, "binary_reward must be true or false"),
+    ({"fail_on_request_error": "no"}, "fail_on_request_error must be true or false"),
+    ({"client_sampling": 0}, "client_sampling must be true or false"),
+    ({"success_threshold": "0.5"}, "success_threshold must be a number"),  # a str: a TypeError at the first episode
+    ({"success_threshold": True}, "success_threshold must be a number"),
+    ({"timeout": True}, "timeout must be a positive number"),  # was one second
+])
+def test_a_value_of_the_wrong_type_is_refused_not_read_as_another(bad, says):
+    # found by review: each of these was accepted
+    with pytest.raises(RewardConfigError, match=says):
+        RewardModelConfig.from_mapping(bad)
+
+
 def test_backend_kwargs_are_a_private_read_only_copy():
     kwargs = {"score_mode": "unit"}
     cfg = RewardModelConfig(backend_kwargs=kwargs)
