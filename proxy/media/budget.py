@@ -35,6 +35,9 @@ __all__ = ["DecodeBudget", "DecodeCancelled", "MediaCaps", "MediaExecutor", "cgr
 
 T = TypeVar("T")
 MIB = 2**20
+# Index samples an MP4/MOV may claim per allowed video frame (all its tracks: audio has more
+# samples per second than video; FFmpeg keeps ~40 bytes per sample while it opens the file).
+INDEX_SAMPLES_PER_FRAME = 16
 
 
 class DecodeCancelled(Exception):
@@ -101,6 +104,15 @@ class DecodeBudget:
             raise MediaBudgetExceeded(f"the video {how} {seconds} s ({count} frames at {fps:g} fps), over "
                                       f"proxy.max_video_seconds ({self.caps.max_video_seconds:g})",
                                       field=self.field, limit="proxy.max_video_seconds", needed=seconds)
+
+    def check_index(self, samples: int) -> None:
+        """An MP4/MOV index's claimed samples (proxy/media/mp4_index.py), before FFmpeg builds it:
+        INDEX_SAMPLES_PER_FRAME x max_video_frames leaves room for audio tracks' samples."""
+        limit = INDEX_SAMPLES_PER_FRAME * self.caps.max_video_frames
+        if samples > limit:
+            raise MediaBudgetExceeded(f"the video's index claims {samples} samples, over {INDEX_SAMPLES_PER_FRAME} x "
+                                      f"proxy.max_video_frames ({limit}); refused before it is opened",
+                                      field=self.field, limit="proxy.max_video_frames", needed=samples)
 
     def _check(self) -> None:
         total = self.source_bytes + self.kept_bytes

@@ -11,11 +11,12 @@ from collections.abc import Callable
 
 import cv2
 
-from proxy.errors import InvalidRequest, MediaDecodeError
+from proxy.errors import InvalidRequest, MediaBudgetExceeded, MediaDecodeError
 from proxy.media.budget import DecodeBudget
 from proxy.media.decoded import DecodedSource
 from proxy.media.file import OpenedVideo
 from proxy.media.frame_plan import Episodes, Size, planned_bytes, target_sizes
+from proxy.media.mp4_index import IndexTooLarge, claimed_samples
 
 __all__ = ["read_video"]
 
@@ -43,8 +44,21 @@ def _open(video: OpenedVideo):
     return capture
 
 
+def _check_index(video: OpenedVideo, budget: DecodeBudget) -> None:
+    """An MP4/MOV's claimed samples, before FFmpeg opens it and builds an entry for each."""
+    if video.container != "MP4/MOV":
+        return
+    try:
+        samples = claimed_samples(video.fd, video.size)
+    except IndexTooLarge as err:
+        raise MediaBudgetExceeded(f"{video.name}: its index has {err}; refused before it is opened",
+                                  field="video_path", limit="proxy.max_video_frames") from None
+    budget.check_index(samples)
+
+
 def read_video(video: OpenedVideo, limits, episodes_for: Callable[[int], Episodes],
                budget: DecodeBudget) -> DecodedSource:
+    _check_index(video, budget)
     capture = _open(video)
     try:
         width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))

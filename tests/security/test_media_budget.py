@@ -7,6 +7,7 @@ small files; bench/bench_media_budget.py measures the proxy's memory under the d
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 import threading
 from collections.abc import Iterator
@@ -21,8 +22,10 @@ from proxy.media.decode import FrameLimits
 from proxy.media.encode import prefix_indices, prepare_frames
 from proxy.media.file import open_video
 from proxy.media.frame_plan import planned_bytes, target_sizes
+from proxy.media.mp4_index import claimed_samples
 from proxy.media.video import read_video
 from tests.fakes.episodes import _write_video, episode_frames, images_b64, write_mp4
+from tests.fakes.mp4_boxes import index_bomb, with_fragment_runs
 from tests.security._media_stack import MediaStack, media_stack, refusal
 
 BUDGET_MB = 8  # 16 frames at the video floor (~300 KB each) fit; 32 do not
@@ -110,6 +113,40 @@ def test_a_video_longer_than_the_duration_cap_is_413(stack):
     path = write_mp4(stack.media / "slow.mp4", episode_frames(30, 32, 32), fps=2)  # 15 s
     _over_budget(stack, stack.score(path), "proxy.max_video_seconds")
     assert stack.client.get("/health").status_code == 200
+
+
+def test_an_mp4_whose_index_claims_millions_of_samples_is_refused_before_ffmpeg_opens_it(stack):
+    # 1 KB on disk; FFmpeg's MOV demuxer built an entry per claimed sample while opening it: 3 GB
+    # of memory in cv2.VideoCapture() before the frame cap could be checked (found by review).
+    bomb = index_bomb(write_mp4(stack.outside / "small.mp4", episode_frames(12, 32, 32)),
+                      stack.media / "bomb.mp4", 85_000_000)
+    assert bomb.stat().st_size < 4096
+    before = stack.chat_count()
+    error = _over_budget(stack, stack.score(bomb), "proxy.max_video_frames")
+    assert error["needed"] == 85_000_000 and "refused before it is opened" in error["message"], error
+    assert stack.chat_count() == before
+    assert stack.score(write_mp4(stack.media / "twelve.mp4", episode_frames(12, 32, 32))).status_code == 200
+
+
+def test_the_index_is_counted_from_the_boxes_and_ffmpeg_never_sees_a_lying_one(tmp_path, monkeypatch):
+    real = write_mp4(tmp_path / "twelve.mp4", episode_frames(12, 32, 32))
+    fragmented = with_fragment_runs(real, tmp_path / "fragmented.mp4", 5_000_000)
+    bomb = index_bomb(real, tmp_path / "bomb.mp4", 85_000_000)
+    for path, claimed in ((real, 12), (fragmented, 12 + 5_000_000), (bomb, 85_000_000)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert claimed_samples(fd, path.stat().st_size) == claimed
+        finally:
+            os.close(fd)
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("FFmpeg was given a file whose index claims millions of samples")
+
+    monkeypatch.setattr(cv2, "VideoCapture", no_open)
+    for path in (fragmented, bomb):
+        with open_video(str(path), [tmp_path]) as video, pytest.raises(MediaBudgetExceeded, match="index claims"):
+            read_video(video, LIMITS, lambda count: [prefix_indices(count, 16, None)], DecodeBudget(MediaCaps(
+                2**40, 4096, 600)))
 
 
 def test_frames_are_brought_to_their_sent_size_as_they_are_decoded(tmp_path):
