@@ -43,6 +43,7 @@ from rlinf_client._exceptions import (
 )
 from rlinf_client._frame_rules import FrameRulesCache
 from rlinf_client._ready import PendingEpisode, ReadyBodies
+from rlinf_client._tasks import TaskSet
 from rlinf_client._types import ClientStats, Episode, EpisodeScore
 
 log = logging.getLogger("rlinf_client")
@@ -80,11 +81,9 @@ class Scheduler:
         deadline = time.monotonic() + self.cfg.timeout
         results: list[EpisodeScore | None] = [None] * len(episodes)
         try:
-            async with asyncio.timeout(self.cfg.timeout + C.RETURN_MARGIN_S / 2):
-                # /score/batch holds single scores: a curve (dense_points) goes alone to /score/dense.
-                use_batch = len(episodes) > 1 and not self.cfg.dense_points and await self.batch.available(self.core)
-                await self._schedule(episodes, results, deadline, use_batch)
-        except TimeoutError:
+            await asyncio.wait_for(self._probe_and_schedule(episodes, results, deadline),
+                                   self.cfg.timeout + C.RETURN_MARGIN_S / 2)
+        except asyncio.TimeoutError:  # noqa: UP041 - not TimeoutError before 3.11, and the client runs on 3.10
             pass  # whatever is not final below fails with `timeout`
         except _Stop as stop:
             raise stop.error from None
@@ -99,20 +98,23 @@ class Scheduler:
         return results  # type: ignore[return-value]
 
     # -- building and sending --------------------------------------------------------------------
+    async def _probe_and_schedule(self, episodes: list[Episode], results: list, deadline: float) -> None:
+        # /score/batch holds single scores: a curve (dense_points) goes alone to /score/dense.
+        use_batch = len(episodes) > 1 and not self.cfg.dense_points and await self.batch.available(self.core)
+        await self._schedule(episodes, results, deadline, use_batch)
+
     async def _schedule(self, episodes: list[Episode], results: list, deadline: float, use_batch: bool) -> None:
         ready = ReadyBodies()
         taken: list[PendingEpisode] = []  # every body built, released in the end whatever happened
         cap = C.DEFAULT_MAX_BATCH_EPISODES if use_batch else 1
         try:
-            async with asyncio.TaskGroup() as tasks:
+            async with TaskSet() as tasks:  # a _Stop (fallback: raise) in any task ends them all
                 tasks.create_task(self._build(episodes, results, ready, taken))
                 while (group := await ready.take(cap if self.batch.supported else 1)) is not None:
                     # Send once a request could go out; the slot itself is taken by the send.
                     await self._slots.acquire()
                     self._slots.release()
                     tasks.create_task(self._send_until_final(episodes, results, group, deadline))
-        except* _Stop as stopped:
-            raise stopped.exceptions[0] from None
         finally:
             for pending in taken:
                 self._release(pending)
