@@ -144,6 +144,14 @@ class Comparer:
                                      f"prompt {name!r} ({own})", field=f"backend_kwargs.{key}")
         first = self._episode_request(request, 0, sampling)
         resolved = resolve_request(first, cfg, self.scorer.prompts.get(cfg.prompt), self.scorer.settings.proxy)
+        if cfg.layout == "shuffled_images":
+            raise InvalidRequest(f"backend {backend.name!r} uses the shuffled_images layout (one value per shuffled "
+                                 "frame): /compare shows two episodes in order; use a backend with another layout",
+                                 field="backend")
+        if resolved.answer.probability:  # its sampling is one token: a label (-1 is two) would be cut
+            raise InvalidRequest(f"backend {backend.name!r} answers with a probability (prompt {cfg.prompt!r} reads "
+                                 "one token's logprobs): /compare needs a reply that writes a label (-1, 0 or 1); "
+                                 "use another backend", field="backend")
         if cfg.layout == "images" and 2 * resolved.limits.nframes > cfg.frames.nframes:
             raise InvalidRequest(f"backend uses the images layout, one image per frame; two episodes of "
                                  f"{resolved.limits.nframes} frames are over its frames.nframes={cfg.frames.nframes} "

@@ -52,7 +52,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     media, prompts = tmp_path_factory.mktemp("media"), tmp_path_factory.mktemp("prompts")
-    for name in ("topreward", "roboreward", "gvl"):
+    for name in ("topreward", "roboreward", "gvl", "compare_rlvlmf"):
         (prompts / f"{name}.yaml").write_bytes((PROMPTS_DIR / f"{name}.yaml").read_bytes())
     (prompts / "two_token_words.yaml").write_text(
         "variables: {task_text: {}}\nuser: 'Is ${task_text} done?'\n"
@@ -408,3 +408,18 @@ def test_gvl_on_an_episode_shorter_than_its_frames_constrains_the_frames_shown(s
     assert answer.status_code == 200, answer.text
     regex = stack.fake.chat_requests[-1]["structured_outputs"]["regex"]
     assert len(regex.split("\n")) == 4 and len(answer.json()["per_frame"]) == 4 and len(seen) == 4
+
+
+@pytest.mark.parametrize(("backend", "says"), [
+    ("p_done", "probability"),  # its template answers one token: a label of -1 needs two
+    ("gvl", "shuffled_images"),  # one value per shuffled frame: no place for two episodes
+])
+def test_compare_on_a_backend_that_cannot_write_a_label_is_a_422_before_any_call(stack, backend, says):
+    # found by review: P(done) backends cut every label at max_tokens 1 (re-asked, then a 502),
+    # and the GVL layout raised a ValueError (a 500)
+    episodes = [{"frames_npy": FRAMES}, {"frames_npy": FRAMES}]
+    response = stack.http.post("/compare", json={"task_text": TASK, "episodes": episodes, "backend": backend})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["field"] == "backend" and says in error["message"], error
+    assert stack.fake.chat_requests == []
