@@ -3,7 +3,9 @@
 The body goes upstream untouched (the model name is rewritten only when an alias was used), except
 that a media `uuid` is refused: vLLM takes it as the identity of an image's or video's features
 without checking the data (vllm#55547), so a caller could make another's frames — the proxy's own
-scoring requests, whose uuids are the JPEGs' sha256 — mean what it chose. vLLM's answer comes back
+scoring requests, whose uuids are the JPEGs' sha256 — mean what it chose. So is a media URL other
+than `data:` (found by review, stop 36): vLLM fetches http(s) media itself, so a scoring key could
+make the model's hosts request any address they can reach (and `file:` URLs, where allowed). vLLM's answer comes back
 as it was, streaming included. Retries (same policy as /score) happen
 only before the first byte reaches the client: once a stream has started it is relayed as is.
 A stream holds its endpoint slot until its last byte, and whatever ends it — the last byte, an
@@ -28,33 +30,48 @@ from proxy.upstream.pool import Reservation
 from proxy.upstream.retry import Attempt, call_with_retries
 
 
-def refuse_media_uuids(raw_body: bytes) -> None:
-    """A 422 for a body whose messages hold a `uuid` key anywhere (the module docstring says why).
-    Read whole only when its bytes could spell one — the quoted key, or a \\u escape that could write
-    it; base64 media has neither — and a body that cannot be read whole then is refused too, never
-    relayed unchecked (vLLM's parser may read what this one could not)."""
-    if b'"uuid"' not in raw_body and b"\\u" not in raw_body:
+def refuse_unsafe_media(raw_body: bytes) -> None:
+    """A 422 for a body whose messages hold a `uuid` key anywhere, or a media URL that is not a
+    `data:` URL (the module docstring says why). Read whole only when its bytes could spell either —
+    the quoted key, "://", or a \\u escape that could write them; base64 media has none — and a body
+    that cannot be read whole then is refused too, never relayed unchecked (vLLM's parser may read
+    what this one could not)."""
+    if b'"uuid"' not in raw_body and b"://" not in raw_body and b"\\u" not in raw_body:
         return
     try:
         parsed = pydantic_core.from_json(raw_body)
     except ValueError as err:
-        raise InvalidRequest(f"the body could not be read whole to check it for media uuids: {err}",
+        raise InvalidRequest(f"the body could not be read whole to check its media (uuids, URLs): {err}",
                              field="messages") from None
-    found = _uuid_path(parsed.get("messages") if isinstance(parsed, dict) else None, "messages")
-    if found is not None:
-        raise InvalidRequest(f"{found}: media uuids are not relayed: vLLM takes a uuid as the identity of the "
+    found = _unsafe_media(parsed.get("messages") if isinstance(parsed, dict) else None, "messages")
+    if found is None:
+        return
+    where, why = found
+    if why == "uuid":
+        raise InvalidRequest(f"{where}: media uuids are not relayed: vLLM takes a uuid as the identity of the "
                              "media's features without checking the data (vllm#55547), so one caller could change "
-                             "what another's images mean to the model; send the media without a uuid", field=found)
+                             "what another's images mean to the model; send the media without a uuid", field=where)
+    raise InvalidRequest(f"{where}: only data: URLs are relayed (the media inline, base64): vLLM would fetch any "
+                         "other URL itself, from the model's hosts, for whoever holds a scoring key", field=where)
 
 
-def _uuid_path(root: object, path: str) -> str | None:
-    """Where the first `uuid` key is (walked with a stack: a deep body cannot overflow Python's)."""
+_MEDIA_PARTS = ("image_url", "video_url", "audio_url", "input_audio", "file")
+
+
+def _unsafe_media(root: object, path: str) -> tuple[str, str] | None:
+    """Where the first `uuid` key or non-data media URL is, and which (walked with a stack: a deep
+    body cannot overflow Python's)."""
     stack = [(root, path)]
     while stack:
         node, where = stack.pop()
         if isinstance(node, dict):
             if "uuid" in node:
-                return f"{where}.uuid"
+                return f"{where}.uuid", "uuid"
+            for kind in _MEDIA_PARTS:
+                media = node.get(kind)
+                url = media.get("url") if isinstance(media, dict) else media
+                if isinstance(url, str) and not url.lstrip().lower().startswith("data:"):
+                    return f"{where}.{kind}" + (".url" if isinstance(media, dict) else ""), "url"
             stack += [(value, f"{where}.{key}") for key, value in reversed(node.items())]
         elif isinstance(node, list):
             stack += [(value, f"{where}.{i}") for i, value in reversed(list(enumerate(node)))]
@@ -129,7 +146,7 @@ class ChatPassthrough:
         return {"object": "list", "data": data}
 
     async def relay(self, raw_body: bytes, request: RoutingFields, *, budget_s: float | None = None) -> Relayed:
-        refuse_media_uuids(raw_body)
+        refuse_unsafe_media(raw_body)
         backend = self.registry.resolve(request.model.value, field="model")
         backend.pool.check_admission()
         if request.model.value != backend.config.model:  # an alias: vLLM knows the served name only

@@ -79,3 +79,32 @@ def test_the_official_client_gets_the_refusal_and_the_word_alone_goes_through(st
                                                            text='what is a "uuid"? \u00e9'))
     assert mentioned.choices[0].message.content == QWEN_REPLY
     assert len(qwen.chat_requests) == 1
+
+
+@pytest.mark.parametrize(("part", "field"), [
+    ({"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}, "image_url.url"),
+    ({"type": "video_url", "video_url": {"url": "file:///etc/shadow"}}, "video_url.url"),
+    ({"type": "image_url", "image_url": "https://internal.example/frame.jpg"}, "image_url"),  # the string form
+    ({"type": "image_url", "image_url": {"url": " HTTP://10.0.0.1/x.png"}}, "image_url.url"),
+])
+def test_a_media_url_vllm_would_fetch_is_refused_before_any_replica_sees_it(stack, part, field):
+    # found by review (stop 36): vLLM fetches http(s) media itself, so a scoring key could make the
+    # model's hosts request any address they reach; only data: URLs (the media inline) are relayed
+    proxy, qwen = stack
+    qwen.fake.reset()
+    for body in (json.dumps(_chat(part)), json.dumps(_chat(part)).replace("://", "\\u003a//")):
+        answer = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
+                            headers={"content-type": "application/json"}, timeout=30, trust_env=False)
+        assert answer.status_code == 422, answer.text
+        error = answer.json()["error"]
+        assert error["field"] == f"messages.0.content.0.{field}" and "only data: URLs" in error["message"], error
+    assert qwen.chat_requests == []
+
+
+def test_a_url_in_the_text_is_relayed_with_inline_media(stack):
+    proxy, qwen = stack
+    qwen.fake.reset()
+    with openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0) as client:
+        answer = client.chat.completions.create(**_chat({"type": "image_url", "image_url": {"url": IMAGE}},
+                                                        text="as on https://libero-project.github.io, how far?"))
+    assert answer.choices[0].message.content == QWEN_REPLY and len(qwen.chat_requests) == 1
