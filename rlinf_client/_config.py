@@ -36,7 +36,10 @@ class RewardModelConfig:
     # -- the seed's keys (same names, same meaning) --------------------------------------------
     enable: bool = False
     endpoint: str = C.DEFAULT_ENDPOINT  # the proxy's /score URL (a bare base URL works too)
-    timeout: float = C.DEFAULT_TIMEOUT  # seconds per episode, retries included
+    # Seconds for one call (score_episodes: every env that ended at this step, all its requests and
+    # retries), not per episode: at a step where 64 envs end, all 64 share it (the fork's client gave
+    # each request its own timeout). Size it for the burst the proxy will see.
+    timeout: float = C.DEFAULT_TIMEOUT
     nframes: int = C.DEFAULT_NFRAMES
     max_pixels: int = C.DEFAULT_MAX_PIXELS
     backend: str | None = None  # None = the proxy's default backend
