@@ -21,6 +21,7 @@ from proxy.config.settings import (
     load_settings,
     read_config,
     settings_from_dict,
+    split_credentials,
 )
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
 from proxy.errors import ConfigError
@@ -51,6 +52,7 @@ __all__ = [
     "check_endpoint_host",
     "connect_host",
     "endpoint_url",
+    "split_credentials",
     "is_loopback",
     "load_settings",
     "read_config",

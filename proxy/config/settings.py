@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -41,6 +41,23 @@ Layout = Literal["qwen_video", "primo_interleave", "images", "shuffled_images"]
 ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/answers/scales.py
 # What an endpoint URL looks like (config and POST /admin/endpoints; the API document states it).
 ENDPOINT_URL_PATTERN = r"^https?://[^/]"
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(the URL without its userinfo, (user, password) or None). The pool keeps the first as the
+    endpoint's name, which answers, errors, metrics, logs and the audit log show: credentials
+    written in a configured URL (`http://user:pass@host`) go to that server and nowhere else.
+    Plain string work, as URL parsers split the authority (at its last "@"): it never raises, for
+    a URL any caller sent (POST /admin/endpoints) as for a configured one."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url, None
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:cut].rpartition("@")
+    if not at:
+        return url, None
+    user, _, password = userinfo.partition(":")
+    return f"{scheme}://{host}{rest[cut:]}", (unquote(user), unquote(password))
 
 
 def endpoint_url(url: str) -> str:
@@ -183,7 +200,7 @@ class BackendConfig(_Strict):
 
     @model_validator(mode="after")
     def _chat_needs_prompt(self) -> BackendConfig:
-        if self.api_key_env and any("@" in urlsplit(url).netloc for url in self.endpoints):
+        if self.api_key_env and any(split_credentials(url)[1] for url in self.endpoints):
             raise ValueError("an endpoint URL with user:password@ and api_key_env would both set the "
                              "Authorization header: give the server's key in api_key_env only")
         if self.kind == "chat":

@@ -32,21 +32,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
-from urllib.parse import unquote, urlsplit, urlunsplit
 
-from proxy.config import AdmissionConfig, CircuitConfig, RoutingConfig
+from proxy.config import AdmissionConfig, CircuitConfig, RoutingConfig, split_credentials
 from proxy.errors import Overloaded, UpstreamTimeout, UpstreamUnavailable
-
-
-def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """(the URL without its userinfo, (user, password) or None). The pool keeps the first as the
-    endpoint's name, which answers, errors, metrics, logs and the audit log show: credentials
-    written in a configured URL (`http://user:pass@host`) go to that server and nowhere else."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url, None
-    shown = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    return shown, (unquote(parts.username or ""), unquote(parts.password or ""))
 
 
 @dataclass

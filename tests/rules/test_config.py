@@ -82,3 +82,15 @@ def test_unreadable_and_non_yaml_files_are_config_errors(tmp_path):
     listy.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(ConfigError, match="mapping"):
         load_settings(listy)
+
+
+@pytest.mark.parametrize(("url", "shown", "credentials"), [
+    ("http://operator:pa55@10.0.0.1:8000/v1", "http://10.0.0.1:8000/v1", ("operator", "pa55")),
+    ("http://u%40x:p%3Aw@h:1/v1?q=@y", "http://h:1/v1?q=@y", ("u@x", "p:w")),  # the authority's last "@"
+    ("http://h:1/v1", "http://h:1/v1", None),
+    ("https://[\x7f", "https://[\x7f", None),  # what urlsplit refuses (a 500 the fuzzer found, stop 36)
+])
+def test_an_endpoints_credentials_are_split_from_the_url_it_is_shown_as(url, shown, credentials):
+    from proxy.config import split_credentials
+
+    assert split_credentials(url) == (shown, credentials)
