@@ -18,10 +18,11 @@ __all__ = ["TaskSet"]
 
 class TaskSet:
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: list[asyncio.Task[Any]] = []  # in creation order: the first failure is the first
         self._error: BaseException | None = None
         self._parent: asyncio.Task[Any] | None = None
         self._exiting = False  # in __aexit__: it waits for the tasks itself, the block is not cancelled
+        self._cancelled_parent = False
 
     async def __aenter__(self) -> TaskSet:
         self._parent = asyncio.current_task()
@@ -29,7 +30,7 @@ class TaskSet:
 
     def create_task(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
+        self._tasks.append(task)
         task.add_done_callback(self._done)
         return task
 
@@ -40,6 +41,7 @@ class TaskSet:
         self._cancel_all()
         if self._parent is not None and not self._exiting and not self._parent.done():
             self._parent.cancel()  # the block stops where it waits; __aexit__ raises the error instead
+            self._cancelled_parent = True
 
     def _cancel_all(self) -> None:
         for task in self._tasks:
@@ -57,7 +59,11 @@ class TaskSet:
             except asyncio.CancelledError:  # ours (a task failed) or from outside: the tasks end first
                 cancelled_from_outside = cancelled_from_outside or self._error is None
                 self._cancel_all()
+        if self._error is None:  # a task that failed as the block left: its callback has not run yet
+            self._error = next((t.exception() for t in self._tasks if not t.cancelled() and t.exception()), None)
         if self._error is not None:
+            if self._cancelled_parent and hasattr(self._parent, "uncancel"):
+                self._parent.uncancel()  # (3.11+) the cancel was ours, not an enclosing timeout's
             raise self._error
         if cancelled_from_outside and exc is None:
             raise asyncio.CancelledError

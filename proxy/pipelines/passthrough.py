@@ -16,6 +16,7 @@ the upstream response (`RelayStream`, sent by the HTTP layer's `RelayedStream`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -31,12 +32,13 @@ from proxy.upstream.retry import Attempt, call_with_retries
 
 
 def refuse_unsafe_media(raw_body: bytes) -> None:
-    """A 422 for a body whose messages hold a `uuid` key anywhere, or a media URL that is not a
-    `data:` URL (the module docstring says why). Read whole only when its bytes could spell either —
-    the quoted key, "://", or a \\u escape that could write them; base64 media has none — and a body
-    that cannot be read whole then is refused too, never relayed unchecked (vLLM's parser may read
-    what this one could not)."""
-    if b'"uuid"' not in raw_body and b"://" not in raw_body and b"\\u" not in raw_body:
+    """A 422 for a body whose messages hold a `uuid` key anywhere, or a url that is not a `data:`
+    URL (the module docstring says why). Read whole only when its bytes could spell either — the
+    quoted key, a url value not starting "data:" (an escaped one included), or a \\u escape that
+    could write them; inline media has none — and a body that cannot be read whole then is refused
+    too, never relayed unchecked (vLLM's parser may read what this one could not)."""
+    if b'"uuid"' not in raw_body and b"\\u" not in raw_body and all(
+            raw_body[m.end():m.end() + 5].lower() == b"data:" for m in _URL_VALUE.finditer(raw_body)):
         return
     try:
         parsed = pydantic_core.from_json(raw_body)
@@ -56,6 +58,9 @@ def refuse_unsafe_media(raw_body: bytes) -> None:
 
 
 _MEDIA_PARTS = ("image_url", "video_url", "audio_url", "input_audio", "file")
+# A string value of a url key, as its bytes start: read whole unless each one starts "data:" at once
+# (an escape in a key or value, \u or \/, means a whole read too: the bytes may spell another URL).
+_URL_VALUE = re.compile(rb'"(?:url|image_url|video_url|audio_url)"\s*:\s*"')
 
 
 def _unsafe_media(root: object, path: str) -> tuple[str, str] | None:
@@ -67,11 +72,11 @@ def _unsafe_media(root: object, path: str) -> tuple[str, str] | None:
         if isinstance(node, dict):
             if "uuid" in node:
                 return f"{where}.uuid", "uuid"
-            for kind in _MEDIA_PARTS:
-                media = node.get(kind)
-                url = media.get("url") if isinstance(media, dict) else media
+            # any url in a message (a part's, whatever its type), and a media part given as a bare string
+            for key in ("url", *_MEDIA_PARTS):
+                url = node.get(key)
                 if isinstance(url, str) and not url.lstrip().lower().startswith("data:"):
-                    return f"{where}.{kind}" + (".url" if isinstance(media, dict) else ""), "url"
+                    return f"{where}.{key}", "url"
             stack += [(value, f"{where}.{key}") for key, value in reversed(node.items())]
         elif isinstance(node, list):
             stack += [(value, f"{where}.{i}") for i, value in reversed(list(enumerate(node)))]

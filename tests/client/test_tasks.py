@@ -76,6 +76,24 @@ async def test_a_failure_while_the_block_waits_for_its_tasks_is_raised_after_all
     assert ended == [True]
 
 
+async def test_a_task_failing_in_the_step_the_block_leaves_is_raised():
+    # found by review: the task is done when the block leaves, but its done-callback (which
+    # records the failure) has not run yet; the failure was lost and the schedule ended as if
+    # every episode timed out
+    go = asyncio.Event()
+
+    async def fails() -> None:
+        await go.wait()
+        raise Boom("at the exit")
+
+    with pytest.raises(Boom, match="at the exit"):
+        async with TaskSet() as tasks:
+            tasks.create_task(fails())
+            go.set()
+            await asyncio.sleep(0)  # the task runs and fails; the block leaves in the same step
+    assert asyncio.current_task().cancelling() == 0  # nothing of the set's own cancel is left over
+
+
 async def test_a_cancellation_from_outside_cancels_every_task_and_is_raised():
     started, ended = asyncio.Event(), []
 

@@ -86,13 +86,17 @@ def test_the_official_client_gets_the_refusal_and_the_word_alone_goes_through(st
     ({"type": "video_url", "video_url": {"url": "file:///etc/shadow"}}, "video_url.url"),
     ({"type": "image_url", "image_url": "https://internal.example/frame.jpg"}, "image_url"),  # the string form
     ({"type": "image_url", "image_url": {"url": " HTTP://10.0.0.1/x.png"}}, "image_url.url"),
+    ({"type": "image_url", "image_url": {"url": "file:/etc/passwd"}}, "image_url.url"),  # no "//" (review)
+    ({"type": "image", "image": {"url": "https://internal.example/x.png"}}, "image.url"),  # any part's url
 ])
 def test_a_media_url_vllm_would_fetch_is_refused_before_any_replica_sees_it(stack, part, field):
     # found by review (stop 36): vLLM fetches http(s) media itself, so a scoring key could make the
     # model's hosts request any address they reach; only data: URLs (the media inline) are relayed
     proxy, qwen = stack
     qwen.fake.reset()
-    for body in (json.dumps(_chat(part)), json.dumps(_chat(part)).replace("://", "\\u003a//")):
+    plain = json.dumps(_chat(part))
+    # as written, with a \u escape, and with JSON's \/ escape (the fast path saw no "://" in it)
+    for body in (plain, plain.replace("://", "\\u003a//"), plain.replace("/", "\\/")):
         answer = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
                             headers={"content-type": "application/json"}, timeout=30, trust_env=False)
         assert answer.status_code == 422, answer.text
