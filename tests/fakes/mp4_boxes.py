@@ -46,3 +46,29 @@ def with_fragment_runs(source: Path, target: Path, samples: int) -> Path:
     moof = struct.pack(">I4s", 8 + len(traf), b"moof") + traf
     target.write_bytes(source.read_bytes() + moof)
     return target
+
+
+def track_tables(handler: bytes, samples: int, sample_size: int, per_chunk: int, chunks: int,
+                 tick: int = 1) -> dict[bytes, bytes]:
+    """The boxes of a track: its handler (b"vide", b"soun"), `samples` of `sample_size` bytes in
+    one run of `tick`, `per_chunk` samples in each of `chunks` chunks."""
+    return {b"hdlr": struct.pack(">II4s12s", 0, 0, handler, b"\0" * 12) + b"\0",
+            b"stts": struct.pack(">IIII", 0, 1, samples, tick),
+            b"stsz": struct.pack(">III", 0, sample_size, samples),
+            b"stsc": struct.pack(">IIIII", 0, 1, 1, per_chunk, 1),
+            b"stco": struct.pack(f">II{chunks}I", 0, chunks, *([48] * chunks))}
+
+
+def with_tracks(source: Path, target: Path, tracks: list[dict[bytes, bytes]], extra_moov: bytes = b"") -> Path:
+    """`source` with more tracks in its moov, each a copy of its first track with these boxes
+    replaced (track_tables), and `extra_moov` (raw boxes) at the moov's end."""
+    out = []
+    for kind, payload in _boxes(source.read_bytes()):
+        if kind == b"moov":
+            children = _boxes(payload)
+            first = next(p for k, p in children if k == b"trak")
+            payload = (b"".join(struct.pack(">I4s", 8 + len(p), k) + p for k, p in children)
+                       + b"".join(_rebuilt(b"trak", first, replace) for replace in tracks) + extra_moov)
+        out.append(struct.pack(">I4s", 8 + len(payload), kind) + payload)
+    target.write_bytes(b"".join(out))
+    return target

@@ -22,10 +22,10 @@ from proxy.media.decode import FrameLimits
 from proxy.media.encode import prefix_indices, prepare_frames
 from proxy.media.file import open_video
 from proxy.media.frame_plan import planned_bytes, target_sizes
-from proxy.media.mp4_index import claimed_samples
+from proxy.media.mp4_index import IndexTooLarge, claimed_samples
 from proxy.media.video import read_video
 from tests.fakes.episodes import _write_video, episode_frames, images_b64, write_mp4
-from tests.fakes.mp4_boxes import index_bomb, with_fragment_runs
+from tests.fakes.mp4_boxes import index_bomb, track_tables, with_fragment_runs, with_tracks
 from tests.security._media_stack import MediaStack, media_stack, refusal
 
 BUDGET_MB = 8  # 16 frames at the video floor (~300 KB each) fit; 32 do not
@@ -147,6 +147,38 @@ def test_the_index_is_counted_from_the_boxes_and_ffmpeg_never_sees_a_lying_one(t
         with open_video(str(path), [tmp_path]) as video, pytest.raises(MediaBudgetExceeded, match="index claims"):
             read_video(video, LIMITS, lambda count: [prefix_indices(count, 16, None)], DecodeBudget(MediaCaps(
                 2**40, 4096, 600)))
+
+
+def _claimed(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return claimed_samples(fd, path.stat().st_size)
+    finally:
+        os.close(fd)
+
+
+def test_every_tracks_index_counts_and_uncompressed_audio_counts_by_chunk(tmp_path):
+    # found by review of the first version: it took the largest track (50 tracks of 65,536 samples
+    # each passed, 123 MB at open), refused a MOV with 10 s of PCM audio (480,000 samples, which
+    # FFmpeg indexes per chunk), and never read a compressed header
+    real = write_mp4(tmp_path / "twelve.mp4", episode_frames(12, 32, 32))
+    many = with_tracks(real, tmp_path / "many.mp4", [track_tables(b"vide", 65_536, 100, 65_536, 1)] * 50)
+    assert _claimed(many) == 12 + 50 * 65_536
+    pcm = with_tracks(real, tmp_path / "pcm.mov", [track_tables(b"soun", 480_000, 2, 4800, 100)])
+    assert _claimed(pcm) == 12 + 100 * 5  # 100 chunks of 4800 samples: 5 entries each
+    audio_bomb = with_tracks(real, tmp_path / "audio.mov", [track_tables(b"soun", 10, 2, 4_000_000_000, 10)])
+    assert _claimed(audio_bomb) == 12 + 10 * 3_906_250
+    compressed = with_tracks(real, tmp_path / "cmov.mov", [], extra_moov=struct.pack(">I4s", 16, b"cmov") + b"\0" * 8)
+    with pytest.raises(IndexTooLarge, match="cmov"):
+        _claimed(compressed)
+    caps = MediaCaps(2**40, 4096, 600)  # the index allows 16 x 4096 = 65,536 entries
+    for path, ok in ((pcm, True), (many, False), (audio_bomb, False), (compressed, False)):
+        with open_video(str(path), [tmp_path]) as video:
+            if ok:
+                read_video(video, LIMITS, lambda count: [prefix_indices(count, 16, None)], DecodeBudget(caps))
+            else:
+                with pytest.raises(MediaBudgetExceeded, match="index"):
+                    read_video(video, LIMITS, lambda count: [prefix_indices(count, 16, None)], DecodeBudget(caps))
 
 
 def test_frames_are_brought_to_their_sent_size_as_they_are_decoded(tmp_path):
