@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from launchers.commands import ReplicaCommand, default_limit_mm, replica_commands, url_host
-from proxy.config import BackendConfig, Settings
+from proxy.config import BackendConfig, Settings, split_credentials
 from proxy.config.launch import WILDCARD_HOSTS, LaunchConfig, connect_host, is_loopback
 
 __all__ = ["Plan", "gpu_assignment", "gpu_overlaps", "plan_stack", "ports_in_use"]
@@ -115,7 +115,8 @@ def _endpoint_errors(name: str, backend: BackendConfig, launch: LaunchConfig) ->
             errors.append(
                 f"backends.{name}.launch.replicas[{index}] serves port {replica.port} but no "
                 f"endpoint matches it: add http://{url_host(connect_host(launch.host))}:"
-                f"{replica.port}/v1 to backends.{name}.endpoints (now {backend.endpoints})")
+                f"{replica.port}/v1 to backends.{name}.endpoints (now "
+                f"{[split_credentials(e)[0] for e in backend.endpoints]})")
     return errors
 
 
@@ -124,7 +125,7 @@ def _backend_warnings(name: str, backend: BackendConfig, launch: LaunchConfig, p
     launched_ports = {r.port for r in launch.replicas}
     for url in [] if placed_by_ray else backend.endpoints:  # under Ray, the placed replicas replace them
         if urlsplit(url).port not in launched_ports:
-            warnings.append(f"backend {name}: endpoint {url} is not started by `up` "
+            warnings.append(f"backend {name}: endpoint {split_credentials(url)[0]} is not started by `up` "
                             "(it must be served by something else)")
     if backend.max_model_len is not None and backend.max_model_len != launch.max_model_len:
         warnings.append(f"backend {name}: max_model_len {backend.max_model_len} (the proxy's token "
@@ -158,7 +159,8 @@ def _shared_server_warnings(settings: Settings, plan: Plan) -> list[str]:
             short = {k: v for k, v in needed.items() if served.get(k, 0) < v}
             if short:
                 warnings.append(
-                    f"backend {name} (layout {backend.layout}) sends {needed} per request to {url}, served by "
+                    f"backend {name} (layout {backend.layout}) sends {needed} per request to "
+                    f"{split_credentials(url)[0]}, served by "
                     f"{command.backend}'s replica with --limit-mm-per-prompt {served}: vLLM will refuse those "
                     f"requests with a 400; set backends.{command.backend}.launch.limit_mm_per_prompt to "
                     f"{ {**served, **short} }")

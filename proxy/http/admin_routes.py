@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema
 
-from proxy.config import ENDPOINT_URL_PATTERN, endpoint_url
+from proxy.config import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.endpoint_hosts import check_endpoint_host
 from proxy.errors import InvalidRequest
 from proxy.http.admin_access import ADMIN_403, AdminOnly
@@ -106,11 +106,12 @@ async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, 
     add, remove = list(dict.fromkeys(body.add)), list(dict.fromkeys(body.remove))  # in order, once each
     both = [url for url in add if url in remove]
     if both:
-        raise InvalidRequest(f"both added and removed: {', '.join(both)}", field="remove")
+        raise InvalidRequest(f"both added and removed: {', '.join(split_credentials(u)[0] for u in both)}",
+                             field="remove")
     for url in add:
         if backend.pool.find(url) is None:  # new to the pool: a host the admin may add (config's are trusted)
             check_endpoint_host(url, request.app.state.settings.proxy.admin_endpoint_hosts)
-    unknown = [url for url in remove if backend.pool.find(url) is None]
+    unknown = [split_credentials(url)[0] for url in remove if backend.pool.find(url) is None]
     if unknown:
         raise InvalidRequest(f"not an endpoint of backend {backend.name!r}: {', '.join(unknown)}; its endpoints: "
                              f"{', '.join(e.base_url for e in backend.pool.endpoints) or 'none'}", field="remove")
@@ -118,11 +119,12 @@ async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, 
     prober: Prober = request.app.state.prober
     for url in add:
         fresh = backend.pool.find(url) is None
-        (added if backend.pool.add(url) else unchanged).append(url)
+        name = split_credentials(url)[0]  # what the pool, the answer and the log call it
+        (added if backend.pool.add(url) else unchanged).append(name)
         if fresh:
-            prober.forget(backend.name, url)  # not probed yet (a result of an earlier one is stale)
+            prober.forget(backend.name, name)  # not probed yet (a result of an earlier one is stale)
     for url in remove:
-        (removed if backend.pool.remove(url) else unchanged).append(url)
+        (removed if backend.pool.remove(url) else unchanged).append(split_credentials(url)[0])
     prober.prune()
     metrics: Metrics = request.app.state.metrics
     metrics.endpoint_changes.labels(backend.name, "added").inc(len(added))

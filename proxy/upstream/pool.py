@@ -247,6 +247,8 @@ class EndpointPool:
         """Put `url` in rotation: a new endpoint, or a draining one (its drain is cancelled; its
         circuit and calls in flight are kept). False: it already is in rotation (nothing done)."""
         endpoint = self.find(url)
+        if endpoint is not None:  # the same server: the credentials now written for it are the ones sent
+            endpoint.credentials = split_credentials(url)[1] or endpoint.credentials
         if endpoint is not None and not endpoint.draining:
             return False
         if endpoint is None:

@@ -6,6 +6,7 @@ and /health follow every change."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import threading
@@ -214,3 +215,25 @@ def test_an_added_endpoint_is_probed_and_the_gauges_follow_its_circuit(keyed_pro
         assert _metric(http, "vlm_proxy_endpoints", backend=QWEN, state="open") == 0
         assert _metric(http, "vlm_proxy_circuit_open", backend=QWEN, endpoint=dead) is None
         assert (QWEN, dead) not in server.app.state.prober.results
+
+
+def test_an_endpoint_added_with_credentials_never_shows_them(keyed_proxy, fake_qwen, fake_vllm_factory, caplog):
+    # found by review (stop 36): the answer's lists and the proxy log carried the URL as the admin
+    # sent it, password included; a new password for the same server was ignored
+    caplog.set_level(logging.INFO, logger="vlm_reward_proxy")
+    added = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY)
+    server = keyed_proxy([fake_qwen.base_url])
+    with_password = added.base_url.replace("http://", "http://operator:{}@")
+    with _client(server) as http:
+        answer = _change(http, add=[with_password.format("first-s3cret")], remove=[fake_qwen.base_url])
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["added"] == [added.base_url] and "s3cret" not in answer.text
+        assert http.post("/score", json=EPISODE).status_code == 200
+        again = _change(http, add=[with_password.format("second-s3cret")])
+        assert again.json()["unchanged"] == [added.base_url] and "s3cret" not in again.text
+        assert http.post("/score", json=EPISODE).status_code == 200
+        listed = http.get("/admin/endpoints").text + http.get("/metrics").text + http.get("/health").text
+    assert "s3cret" not in listed and "s3cret" not in caplog.text
+    sent = [r.headers.get("authorization") for r in added.fake.state.requests if r.path == "/v1/chat/completions"]
+    assert sent == ["Basic " + base64.b64encode(f"operator:{word}".encode()).decode()
+                    for word in ("first-s3cret", "second-s3cret")]
