@@ -151,8 +151,19 @@ def open_video(video_path: str, allowed_roots: list[Path]) -> OpenedVideo:
 
 def _under_a_root(path: Path, allowed_roots: list[Path]) -> bool:
     # The roots are real paths fixed at start-up (prepare_media_roots), never resolved again: a root
-    # replaced by a symlink while the proxy runs moves nothing.
-    return any(path.is_relative_to(root) for root in allowed_roots)
+    # replaced by a symlink while the proxy runs moves nothing. And the root is still one this
+    # user trusts: removed (a tmp cleaner) and made again by another user, or opened to every
+    # user, it serves nothing until it is put right.
+    return any(path.is_relative_to(root) and _trusted_directory(root) for root in allowed_roots)
+
+
+def _trusted_directory(root: Path) -> bool:
+    try:
+        info = root.lstat()
+    except OSError:
+        return False
+    return (stat.S_ISDIR(info.st_mode) and not info.st_mode & stat.S_IWOTH
+            and info.st_uid in (os.getuid(), 0))
 
 
 def prepare_media_roots(allowed_roots: list[Path]) -> list[Path]:
