@@ -174,7 +174,11 @@ class ChatPassthrough:
         """One upstream call on a reserved slot; the caller releases the reservation."""
         pool = backend.pool
         reservation = await pool.reserve(attempt.avoid, until=attempt.until)
-        attempt.slot_taken()
+        try:
+            attempt.slot_taken()
+        except BaseException:  # the deadline ran out as the slot came free: nothing was sent
+            pool.release(reservation, ok=False)
+            raise
         endpoint = reservation.endpoint
         try:
             response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,

@@ -57,10 +57,13 @@ class Attempt:
 
     def slot_taken(self) -> None:
         """An endpoint slot was reserved: this attempt is an upstream call, and the time spent
-        waiting for the slot comes off its timeout (never past the request's deadline)."""
-        self.sent = True
+        waiting for the slot comes off its timeout (never past the request's deadline). A slot that
+        came free as the deadline ran out is no call: nothing is sent (attempts and retryable say so)."""
         if self.until is not None and (left := self.until - time.monotonic()) < self.timeout_s:
-            self.timeout_s, self.deadline_bound = max(left, 0.0), True
+            if left <= 0:
+                raise UpstreamTimeout("the request's deadline ran out as an in-flight slot came free")
+            self.timeout_s, self.deadline_bound = left, True
+        self.sent = True
 
 
 class Deadline:
