@@ -212,7 +212,8 @@ class Scorer:
                 if words:  # the endpoint's own ids of the two words go into the body
                     ends = time.monotonic() + timeout_s  # the lookups and the chat: one call's time
                     tokens = answer_tokens[endpoint.base_url] = await self.answer_tokens.resolve(
-                        endpoint, cfg.model, words, timeout_s=timeout_s, api_key=cfg.api_key())
+                        endpoint, cfg.model, words, timeout_s=timeout_s, lookup_timeout_s=cfg.retry.timeout_s,
+                        api_key=cfg.api_key())
                     payload = encode_body(body, {**sampling, "logprob_token_ids": tokens.ids})
                     timeout_s = ends - time.monotonic()
                     if timeout_s <= 0:

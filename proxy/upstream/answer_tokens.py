@@ -9,10 +9,11 @@ answer is one token's probability, and "True" split in two would make P(first pi
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 
 from proxy.answers.probability import AnswerTokens
-from proxy.errors import PromptTemplateError, UpstreamTimeout
+from proxy.errors import PromptTemplateError, ProxyError, UpstreamTimeout
 from proxy.upstream.client import UpstreamClient
 from proxy.upstream.pool import Endpoint
 
@@ -26,10 +27,12 @@ class AnswerTokenIds:
         self._ids: dict[tuple[str, str, str], asyncio.Future[int]] = {}
 
     async def resolve(self, endpoint: Endpoint, model: str, words: tuple[str, str], *, timeout_s: float,
-                      api_key: str | None) -> AnswerTokens:
-        """Both ids within `timeout_s` in all (a caller waiting on another's lookup included)."""
+                      lookup_timeout_s: float, api_key: str | None) -> AnswerTokens:
+        """Both ids within `timeout_s` in all (a caller waiting on another's lookup included). A
+        lookup this call starts is shared, so it runs for the backend's own `lookup_timeout_s`
+        (retry.timeout_s), not this caller's time: its timeout is then the replica's."""
         ends = time.monotonic() + timeout_s
-        ids = [await self._one(endpoint, model, word, ends, api_key) for word in words]
+        ids = [await self._one(endpoint, model, word, ends, lookup_timeout_s, api_key) for word in words]
         if ids[0] == ids[1]:
             raise PromptTemplateError(f"the probability answer's words {words[0]!r} and {words[1]!r} are the same "
                                       f"token ({ids[0]}) for model {model!r}")
@@ -40,12 +43,13 @@ class AnswerTokenIds:
         for key in [key for key in self._ids if key[0] == endpoint]:
             del self._ids[key]
 
-    async def _one(self, endpoint: Endpoint, model: str, word: str, ends: float, api_key: str | None) -> int:
+    async def _one(self, endpoint: Endpoint, model: str, word: str, ends: float, lookup_timeout_s: float,
+                   api_key: str | None) -> int:
         key = (endpoint.base_url, model, word)
         held = self._ids.get(key)
         left = ends - time.monotonic()
         if held is None:
-            held = self._ids[key] = asyncio.ensure_future(self._ask(endpoint, model, word, max(left, 0.0), api_key))
+            held = self._ids[key] = asyncio.ensure_future(self._ask(endpoint, model, word, lookup_timeout_s, api_key))
 
             def uncache(done: asyncio.Future[int]) -> None:  # a failure is asked again, never cached
                 if (done.cancelled() or done.exception()) and self._ids.get(key) is done:
@@ -58,6 +62,8 @@ class AnswerTokenIds:
         except TimeoutError:
             raise UpstreamTimeout(f"{endpoint.base_url} did not answer /tokenize in time",
                                   endpoint=endpoint.base_url) from None
+        except ProxyError as err:  # one lookup's error, each waiter its own copy (retries set its attempts)
+            raise copy.copy(err) from err
 
     async def _ask(self, endpoint: Endpoint, model: str, word: str, timeout_s: float, api_key: str | None) -> int:
         tokens = await self.upstream.tokenize(endpoint, model, word, timeout_s=timeout_s, api_key=api_key)
