@@ -94,44 +94,37 @@ async def test_a_task_failing_in_the_step_the_block_leaves_is_raised():
     assert asyncio.current_task().cancelling() == 0  # nothing of the set's own cancel is left over
 
 
-async def test_a_cancellation_from_outside_cancels_every_task_and_is_raised():
-    started, ended = asyncio.Event(), []
+class _Forever:
+    """A block that waits forever, with one task that does too: what ended and when it started."""
 
-    async def job() -> None:
-        started.set()
+    def __init__(self) -> None:
+        self.started, self.ended = asyncio.Event(), []
+
+    async def _job(self) -> None:
+        self.started.set()
         try:
             await asyncio.Event().wait()
         finally:
-            ended.append(True)
+            self.ended.append(True)
 
-    async def block() -> None:
+    async def block(self) -> None:
         async with TaskSet() as tasks:
-            tasks.create_task(job())
+            tasks.create_task(self._job())
             await asyncio.Event().wait()
 
-    outer = asyncio.get_running_loop().create_task(block())
-    await started.wait()
+
+async def test_a_cancellation_from_outside_cancels_every_task_and_is_raised():
+    forever = _Forever()
+    outer = asyncio.get_running_loop().create_task(forever.block())
+    await forever.started.wait()
     outer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await outer
-    assert ended == [True]
+    assert forever.ended == [True]
 
 
 async def test_a_timeout_around_the_block_ends_its_tasks():
-    started, ended = asyncio.Event(), []
-
-    async def job() -> None:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            ended.append(True)
-
-    async def block() -> None:
-        async with TaskSet() as tasks:
-            tasks.create_task(job())
-            await asyncio.Event().wait()
-
+    forever = _Forever()
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(block(), 0.05)  # the scheduler's call timeout, as in run()
-    assert started.is_set() and ended == [True]
+        await asyncio.wait_for(forever.block(), 0.05)  # the scheduler's call timeout, as in run()
+    assert forever.started.is_set() and forever.ended == [True]
