@@ -2,26 +2,25 @@
 
 The model is split by section (settings.py: the proxy and its backends; calls.py: how calls to a
 backend go; launch.py: how `up` starts its servers; stores.py: the files on disk;
-endpoint_hosts.py: the hosts an admin may add; strict.py: the base of every model). Import from
+endpoint_urls.py: an endpoint URL's form and its credentials; endpoint_hosts.py: the hosts an
+admin may add; strict.py: the base of every model). Import from
 here: `from proxy.config import Settings, load_settings`.
 """
 
 from proxy.config.calls import AdmissionConfig, CircuitConfig, ReaskConfig, RetryConfig, RoutingConfig
 from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
+from proxy.config.endpoint_urls import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
 from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig
 from proxy.config.settings import (
-    ENDPOINT_URL_PATTERN,
     BackendConfig,
     FramesConfig,
     ProxySettings,
     SamplingConfig,
     Settings,
-    endpoint_url,
     load_settings,
     read_config,
     settings_from_dict,
-    split_credentials,
 )
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
 from proxy.errors import ConfigError

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import unquote
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -26,6 +24,7 @@ from proxy.config.calls import (
     RoutingConfig,
 )
 from proxy.config.endpoint_hosts import EndpointHost
+from proxy.config.endpoint_urls import endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig
 from proxy.config.quality import QualityConfig
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
@@ -39,34 +38,6 @@ log = logging.getLogger(__name__)
 
 Layout = Literal["qwen_video", "primo_interleave", "images", "shuffled_images"]
 ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/answers/scales.py
-# What an endpoint URL looks like (config and POST /admin/endpoints; the API document states it).
-ENDPOINT_URL_PATTERN = r"^https?://[^/]"
-
-
-def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """(the URL without its userinfo, (user, password) or None). The pool keeps the first as the
-    endpoint's name, which answers, errors, metrics, logs and the audit log show: credentials
-    written in a configured URL (`http://user:pass@host`) go to that server and nowhere else.
-    Plain string work, as URL parsers split the authority (at its last "@"): it never raises, for
-    a URL any caller sent (POST /admin/endpoints) as for a configured one."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url, None
-    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    userinfo, at, host = rest[:cut].rpartition("@")
-    if not at:
-        return url, None
-    user, _, password = userinfo.partition(":")
-    return f"{scheme}://{host}{rest[cut:]}", (unquote(user), unquote(password))
-
-
-def endpoint_url(url: str) -> str:
-    """An endpoint's OpenAI base URL as the pool keeps it (no trailing slash), or ValueError."""
-    if not re.search(ENDPOINT_URL_PATTERN, url):
-        raise ValueError(f"endpoint {url!r} must start with http:// or https:// and a host")
-    return url.rstrip("/")
-
-
 class ProxySettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(18080, ge=0, le=65535)
