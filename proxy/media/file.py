@@ -154,16 +154,24 @@ def _under_a_root(path: Path, allowed_roots: list[Path]) -> bool:
     # replaced by a symlink while the proxy runs moves nothing. And the root is still one this
     # user trusts: removed (a tmp cleaner) and made again by another user, or opened to every
     # user, it serves nothing until it is put right.
-    return any(path.is_relative_to(root) and _trusted_directory(root) for root in allowed_roots)
+    return any(path.is_relative_to(root) and _distrust(root) is None for root in allowed_roots)
 
 
-def _trusted_directory(root: Path) -> bool:
+def _distrust(directory: Path) -> str | None:
+    """Why this user cannot trust `directory` (its real path) as a media root, or None: the one
+    rule, at start-up and on every read."""
     try:
-        info = root.lstat()
-    except OSError:
-        return False
-    return (stat.S_ISDIR(info.st_mode) and not info.st_mode & stat.S_IWOTH
-            and info.st_uid in (os.getuid(), 0))
+        info = directory.lstat()
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_mode & stat.S_IWOTH:
+        return ("is writable by every local user; use a dedicated directory (e.g. /tmp/vlm-reward-media, "
+                "created 0700) instead")
+    if info.st_uid not in (os.getuid(), 0):
+        return f"is owned by another user (uid {info.st_uid}); use a directory this user (or root) owns"
+    return None
 
 
 def prepare_media_roots(allowed_roots: list[Path]) -> list[Path]:
@@ -187,14 +195,8 @@ def prepare_media_roots(allowed_roots: list[Path]) -> list[Path]:
             real = root.resolve(strict=True)
         except (OSError, RuntimeError) as err:
             raise ConfigError(f"proxy.allowed_media_roots: {root} cannot be resolved: {type(err).__name__}") from err
-        info = real.stat()
-        if not stat.S_ISDIR(info.st_mode):
-            raise ConfigError(f"proxy.allowed_media_roots: {root} is not a directory")
-        if info.st_mode & stat.S_IWOTH:
-            raise ConfigError(f"proxy.allowed_media_roots: {root} is writable by every local user; use a "
-                              "dedicated directory (e.g. /tmp/vlm-reward-media, created 0700) instead")
-        if info.st_uid not in (os.getuid(), 0):
-            raise ConfigError(f"proxy.allowed_media_roots: {root} is owned by another user (uid {info.st_uid}); "
-                              "use a directory this user (or root) owns")
+        why = _distrust(real)
+        if why is not None:
+            raise ConfigError(f"proxy.allowed_media_roots: {root} {why}")
         real_roots.append(real)
     return real_roots

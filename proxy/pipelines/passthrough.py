@@ -5,8 +5,8 @@ that a media `uuid` is refused: vLLM takes it as the identity of an image's or v
 without checking the data (vllm#55547), so a caller could make another's frames — the proxy's own
 scoring requests, whose uuids are the JPEGs' sha256 — mean what it chose. So is a media URL other
 than `data:` (found by review, stop 36): vLLM fetches http(s) media itself, so a scoring key could
-make the model's hosts request any address they can reach (and `file:` URLs, where allowed). vLLM's answer comes back
-as it was, streaming included. Retries (same policy as /score) happen
+make the model's hosts request any address they can reach (and `file:` URLs, where allowed).
+vLLM's answer comes back as it was, streaming included. Retries (same policy as /score) happen
 only before the first byte reaches the client: once a stream has started it is relayed as is.
 A stream holds its endpoint slot until its last byte, and whatever ends it — the last byte, an
 error, or the client going away before or after the first byte — releases the slot and closes
