@@ -45,7 +45,7 @@ class _Track:
     its chunks (`stco`/`co64`, `stsc`)."""
 
     def __init__(self) -> None:
-        self.sample_count = self.sample_size = self.stts_total = self.chunk_count = 0
+        self.sample_count = self.stts_total = self.chunk_count = 0
         self.handler = b""  # hdlr: b"vide", b"soun", ...
         self.stts_runs: list[tuple[int, int]] = []
         self.stsc: list[tuple[int, int]] = []  # (first chunk, samples per chunk)
@@ -72,16 +72,15 @@ class _Walk:
     def _read(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, length, offset)
 
-    def _table(self, body: int, end: int, entry: int, head: int = 8) -> tuple[int, bytes]:
-        """A full box's table: (its stated entry count, the entries that are in the file)."""
-        fields = self._read(body, head)
-        if len(fields) < head:
-            return 0, b""
-        stated = struct.unpack(">I", fields[head - 4:head])[0]
-        present = min(stated, max(0, (end - body - head) // entry))
+    def _table(self, body: int, end: int, entry: int) -> bytes:
+        """A full box's table: the entries of its stated count that are in the file."""
+        fields = self._read(body, 8)
+        if len(fields) < 8:
+            return b""
+        present = min(struct.unpack(">I", fields[4:8])[0], max(0, (end - body - 8) // entry))
         if present > MAX_TABLE_ENTRIES:
             raise IndexTooLarge(f"a table of {present} entries")
-        return stated, self._read(body + head, entry * present)
+        return self._read(body + 8, entry * present)
 
     def boxes(self, start: int, end: int, depth: int, track: _Track | None = None) -> None:
         offset = start
@@ -125,15 +124,14 @@ class _Walk:
         elif kind in (b"stsz", b"stz2"):
             fields = self._read(body, 12)
             if len(fields) == 12:
-                size, count = struct.unpack(">II", fields[4:12])
-                track.sample_count, track.sample_size = count, size if kind == b"stsz" else 0
+                track.sample_count = struct.unpack(">I", fields[8:12])[0]
         elif kind == b"stts":
-            _, table = self._table(body, end, 8)
+            table = self._table(body, end, 8)
             track.stts_runs = [struct.unpack_from(">II", table, 8 * i) for i in range(len(table) // 8)]
             track.stts_total = sum(count for count, _ in track.stts_runs)
         elif kind in (b"stco", b"co64"):
             width = 4 if kind == b"stco" else 8
-            track.chunk_count = len(self._table(body, end, width)[1]) // width
+            track.chunk_count = len(self._table(body, end, width)) // width
         elif kind == b"stsc":
-            _, table = self._table(body, end, 12)
+            table = self._table(body, end, 12)
             track.stsc = [struct.unpack_from(">II", table, 12 * i) for i in range(len(table) // 12)]
