@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from proxy.config import Settings, settings_from_dict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
@@ -24,6 +25,12 @@ _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_
 
 
 _RPC_DIR = pytest.StashKey[str]()
+
+# No property test may depend on the machine's speed: hypothesis' default 200 ms deadline failed a
+# fresh `make test` when four workers shared two cores with real vLLM servers and MuJoCo. One
+# profile for the whole suite; a test's own @settings may change its example count, never the deadline.
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -181,7 +181,7 @@ bodies = st.one_of(valid_bodies, st.tuples(valid_bodies, mutations).map(lambda p
                    st.dictionaries(st.sampled_from(FIELDS + ["extra"]), json_values, max_size=5))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies)
 def test_no_request_body_makes_the_proxy_fail(env, allow_upstream, body):
     response = env.post(json=body, label="hypothesis body")

@@ -40,7 +40,7 @@ def _answers() -> list[tuple[str, AnswerSpec]]:
 @pytest.mark.parametrize(("label", "spec"), _answers(), ids=[label for label, _ in _answers()])
 def test_every_reply_the_constraint_allows_parses_to_a_score_on_the_scale(label, spec):
     @given(reply=st.from_regex(answer_regex(spec), fullmatch=True))
-    @settings(max_examples=60, deadline=None, database=None)
+    @settings(max_examples=60, database=None)
     def check(reply):
         parsed = parse_score(reply, spec, "auto", finish_reason="stop")
         assert 0.0 <= parsed.score <= 1.0, (label, reply, parsed)
@@ -66,7 +66,7 @@ def test_every_reply_the_per_frame_constraint_allows_is_one_value_per_shown_fram
     shuffle = shuffle_order(shown, seed=shown)
 
     @given(reply=st.from_regex(answer_regex(spec, shown), fullmatch=True))
-    @settings(max_examples=40, deadline=None, database=None)
+    @settings(max_examples=40, database=None)
     def check(reply):
         in_time, by_number = parse_per_frame(reply, spec, shuffle, finish_reason="stop")
         assert sorted(by_number) == list(range(1, shown + 1)) and all(0 <= p.score <= 1 for p in in_time)

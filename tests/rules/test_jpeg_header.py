@@ -52,7 +52,7 @@ def _agrees_with_pil(data: bytes) -> None:
 
 
 @given(JPEG_KINDS)
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, suppress_health_check=list(HealthCheck))
 def test_where_it_answers_pil_says_the_same(kind):
     data = _jpeg(kind)
     _agrees_with_pil(data)
@@ -62,7 +62,7 @@ def test_where_it_answers_pil_says_the_same(kind):
 
 @given(JPEG_KINDS, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=8),
        st.integers(0, 10_000))
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, suppress_health_check=list(HealthCheck))
 def test_damaged_bytes_give_pils_answer_or_none_never_an_error(kind, flips, cut):
     data = bytearray(_jpeg(kind))
     for offset, value in flips:

@@ -85,7 +85,7 @@ def test_standardise_and_dbscan_match_scikit_learn_in_high_dimensions():
         assert dbscan_labels(scaled, eps=eps).tolist() == DBSCAN(eps=eps, min_samples=2).fit(scaled).labels_.tolist()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(seed=st.integers(0, 2**32 - 1), successes=st.integers(1, 8), failures=st.integers(1, 8),
        dim=st.sampled_from([2, 3, 16]), spread=st.sampled_from([0.05, 0.3, 1.0, 5.0]))
 def test_random_batches_agree_with_the_oracle(seed, successes, failures, dim, spread):

@@ -181,7 +181,7 @@ def test_every_answer_is_what_the_document_says(api_document, label):
     operation = next(op.ok() for op in api_document.get_all_operations() if op.ok().label == label)
 
     @given(case=_valid_and_invalid(operation))
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=EXAMPLES, suppress_health_check=list(HealthCheck), database=None)
     def fuzz(case):
         case.call_and_validate(checks=ALL_CHECKS)
 
@@ -226,7 +226,7 @@ def test_the_admin_routes_answer_what_the_document_says_with_the_token(api_docum
 
         # valid requests and invalid ones: a bad URL, field or backend must be refused (422, 404)
         @given(case=st.one_of(operation.as_strategy(), operation.as_strategy(GenerationMode.NEGATIVE)))
-        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=60, suppress_health_check=list(HealthCheck), database=None)
         def fuzz(case):
             if case.meta is not None and case.meta.generation.mode.is_positive:
                 _removable(case, http, admin_proxy)
