@@ -93,7 +93,7 @@ def endpoint_views(backend: Backend) -> list[dict[str, Any]]:
             responses=error_answers(401, 403, 500, 503, meanings=_ADMIN_MEANINGS))
 async def list_endpoints(request: Request) -> dict[str, Any]:
     """Every backend's endpoints now (those draining included)."""
-    registry: BackendRegistry = request.app.state.registry
+    registry: BackendRegistry = request.app.state.services.registry
     return {"backends": {b.name: endpoint_views(b) for b in registry.backends.values()}}
 
 
@@ -101,7 +101,7 @@ async def list_endpoints(request: Request) -> dict[str, Any]:
              responses=error_answers(401, 403, 404, 422, 500, 503, meanings=_ADMIN_MEANINGS))
 async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, Any]:
     """Add and remove one backend's endpoints; removing drains (calls in flight end normally)."""
-    backend = request.app.state.registry.resolve(body.backend, kind=None)
+    backend = request.app.state.services.registry.resolve(body.backend, kind=None)
     request.state.backend = backend.name  # the request counter's label
     add, remove = list(dict.fromkeys(body.add)), list(dict.fromkeys(body.remove))  # in order, once each
     both = [url for url in add if url in remove]
@@ -126,7 +126,7 @@ async def change_endpoints(body: EndpointChange, request: Request) -> dict[str, 
     for url in remove:
         (removed if backend.pool.remove(url) else unchanged).append(split_credentials(url)[0])
     prober.prune()
-    metrics: Metrics = request.app.state.metrics
+    metrics: Metrics = request.app.state.services.metrics
     metrics.endpoint_changes.labels(backend.name, "added").inc(len(added))
     metrics.endpoint_changes.labels(backend.name, "removed").inc(len(removed))
     metrics.observe_endpoints(backend.name, backend.pool.endpoints)

@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from proxy.audit import AuditLog
 from proxy.config import Settings
 from proxy.errors import ConfigError, ProxyError
 from proxy.http import admin_routes, openai_routes, ops_routes, progress_routes, score_routes
@@ -21,21 +20,15 @@ from proxy.http.binary_body import BinaryBody
 from proxy.http.edge import Edge, ShutdownGate
 from proxy.http.error_answers import install_handlers
 from proxy.http.openapi import install_openapi
-from proxy.media.budget import MediaCaps, MediaExecutor, default_media_workers
 from proxy.media.file import prepare_media_roots
-from proxy.media.frame_store import FrameStore
 from proxy.metrics import Metrics
 from proxy.pipelines.compare import Comparer
 from proxy.pipelines.passthrough import ChatPassthrough
-from proxy.pipelines.probes import InvarianceProbes
-from proxy.pipelines.scoring import Scorer
-from proxy.progress.embedding import Embedder
+from proxy.pipelines.services import open_services
 from proxy.progress.pipeline import ProgressScorer
 from proxy.progress.reference_store import ReferenceStore
 from proxy.prompting.templates import PromptStore
-from proxy.quality.monitor import QualityMonitor
 from proxy.upstream.backends import BackendRegistry
-from proxy.upstream.client import UpstreamClient, open_session
 from proxy.upstream.health import Prober, open_probe_client
 
 log = logging.getLogger("vlm_reward_proxy")
@@ -95,45 +88,19 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            upstream = UpstreamClient(await stack.enter_async_context(open_session()))
-            probe_client = await stack.enter_async_context(open_probe_client())
-            registry = BackendRegistry(settings)
-            prober = Prober(registry, probe_client, interval_s=settings.proxy.health_interval_s,
-                            timeout_s=settings.proxy.health_timeout_s)
-            app.state.settings = settings
-            app.state.metrics = metrics
-            app.state.registry = registry
-            app.state.prober = prober
-            app.state.gate = gate
-            frame_store = FrameStore(settings.proxy.frame_store, metrics) if settings.proxy.frame_store else None
-            if frame_store is not None:
-                await asyncio.to_thread(frame_store.open)
-            app.state.frame_store = frame_store
-            audit_cfg = settings.proxy.audit
-            audit = AuditLog(settings.proxy.audit_log, max_bytes=int(audit_cfg.max_mb * 2**20), keep=audit_cfg.keep,
-                             queue_lines=audit_cfg.queue_lines, metrics=metrics)
-            stack.push_async_callback(asyncio.to_thread, audit.close)  # a clean stop writes every queued line
-            app.state.audit = audit
-            proxy_cfg = settings.proxy  # media work: the app's bounded threads, each decode within one budget
-            media = MediaExecutor(proxy_cfg.media_workers or default_media_workers(), MediaCaps(
-                int(proxy_cfg.max_decoded_mb * 2**20), proxy_cfg.max_video_frames, proxy_cfg.max_video_seconds))
-            stack.push_async_callback(asyncio.to_thread, media.close)  # waits for its threads: off the loop
-            app.state.quality = QualityMonitor(settings.quality, metrics, audit)  # live agreement, the alarm
-            stack.callback(app.state.quality.close)  # its `reset` lines, before the audit log closes
-            app.state.scorer = Scorer(settings, registry, prompts, upstream, metrics, audit, frame_store, media=media,
-                                      quality=app.state.quality)
-            if settings.quality.enabled and settings.quality.probes.fraction > 0:
-                app.state.scorer.probes = InvarianceProbes(app.state.scorer, settings.quality.probes,
-                                                           app.state.quality, metrics, audit)
-                stack.push_async_callback(app.state.scorer.probes.close)  # before the audit log closes
-            app.state.comparer = Comparer(app.state.scorer)  # /compare, on the scorer's pieces
-            app.state.passthrough = ChatPassthrough(registry, upstream, metrics)
+            services = await open_services(settings, prompts, metrics, stack)
+            prober = Prober(services.registry, await stack.enter_async_context(open_probe_client()),
+                            interval_s=settings.proxy.health_interval_s, timeout_s=settings.proxy.health_timeout_s)
             references = ReferenceStore(settings.proxy.reference_store) if settings.proxy.reference_store else None
             if references is not None:
                 await asyncio.to_thread(references.open)
-            app.state.progress = ProgressScorer(Embedder(app.state.scorer), references)  # /progress/*
+            app.state.services = services
+            app.state.settings, app.state.prober, app.state.gate = settings, prober, gate
+            app.state.comparer = Comparer(services)
+            app.state.passthrough = ChatPassthrough(services)
+            app.state.progress = ProgressScorer(services, references)
             await prober.run_once()  # /health is true from the first request on
-            _warn_unready(prober, registry)
+            _warn_unready(prober, services.registry)
             stop_probing = asyncio.Event()
             probing = asyncio.create_task(prober.run_until(stop_probing))
             try:
@@ -141,8 +108,6 @@ def create_app(settings: Settings) -> FastAPI:
             finally:
                 stop_probing.set()
                 await probing
-                if frame_store is not None:
-                    frame_store.close()
 
     app = FastAPI(title="VLM Reward Proxy", version="0.1.0", lifespan=lifespan)
     for routes in _ROUTES:

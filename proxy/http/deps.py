@@ -1,4 +1,4 @@
-"""What the route modules share: the Scorer as a typed dependency, the caller's budget header, and
+"""What the route modules share: the app's services as a typed dependency, the caller's budget header, and
 the error statuses every route but /health can answer."""
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from proxy.errors import InvalidRequest
-from proxy.pipelines.scoring import Scorer
+from proxy.pipelines.services import Services
 from vlm_protocol.wire import BUDGET_HEADER
 
-__all__ = ["ALWAYS", "ScorerDep", "budget_of"]
+__all__ = ["ALWAYS", "ServicesDep", "budget_of"]
 
 ALWAYS = (401, 500, 503)  # any route but /health: auth, a bug, shutting down
 
 
-async def _scorer(request: Request) -> Scorer:  # async: no threadpool hop per request
-    return request.app.state.scorer
+async def _services(request: Request) -> Services:  # async: no threadpool hop per request
+    return request.app.state.services
 
 
-ScorerDep = Annotated[Scorer, Depends(_scorer)]
+ServicesDep = Annotated[Services, Depends(_services)]
 
 
 def budget_of(request: Request) -> float | None:

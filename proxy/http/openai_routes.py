@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.http.deps import ALWAYS, ScorerDep, budget_of
+from proxy.http.deps import ALWAYS, ServicesDep, budget_of
 from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
 from proxy.pipelines.chat_scoring import completion, model_cards, parse_chat, score_chat, scoring_body
@@ -56,13 +56,13 @@ async def models(passthrough: PassthroughDep) -> JSONResponse:
                         200: {"description": "the completion, or a text/event-stream when stream is true",
                               "content": {"application/json": {}, "text/event-stream": {}}},
                         400: _RELAYED})
-async def chat_completions(request: Request, passthrough: PassthroughDep, scorer: ScorerDep) -> Response:
+async def chat_completions(request: Request, passthrough: PassthroughDep, services: ServicesDep) -> Response:
     body = await request.body()
     fields = routing_fields(body)
     scoring = scoring_body(body, fields.model.value)
     if scoring is not None:  # score:<backend>: the /score pipeline, answered as a chat.completion
-        chat = parse_chat(scoring, scorer.registry)
-        result = await score_chat(chat, scorer, budget_s=budget_of(request))
+        chat = parse_chat(scoring, services.registry)
+        result = await score_chat(chat, services, budget_s=budget_of(request))
         request.state.backend = result.backend
         return JSONResponse(completion(chat, result, request.state.request_id),
                             headers={"x-upstream-attempts": str(result.attempts)})

@@ -27,7 +27,7 @@ async def health(request: Request) -> JSONResponse:
     is ready when any of its endpoints passed its last probe (or answered a call since a failed
     one), is in rotation (not draining either), and has not failed a request since. Reasons in
     full only for a caller who may score (proxy/upstream/health.py's endpoint_health); codes for anyone."""
-    registry: BackendRegistry = request.app.state.registry
+    registry: BackendRegistry = request.app.state.services.registry
     prober: Prober = request.app.state.prober
     detailed = request.state.role is not None or request.app.state.settings.proxy.api_key_env is None
     backends: dict[str, Any] = {}
@@ -41,12 +41,12 @@ async def health(request: Request) -> JSONResponse:
     status = "ok" if all(ready) else ("degraded" if any(ready) else "unavailable")
     body: dict[str, Any] = {"status": status, "backends": backends}
     # Files on disk: counts for anyone; paths and OS error text (which name paths) only in detail.
-    if request.app.state.frame_store is not None:  # kept for the report; never decides readiness
-        body["frame_store"] = _detail_only(request.app.state.frame_store.status(), detailed, "last_error")
-    if request.app.state.audit.path is not None:  # lines lost (disk too slow, OS error) are never silent
-        body["audit"] = _detail_only(request.app.state.audit.status(), detailed, "path", "error")
+    if request.app.state.services.frame_store is not None:  # kept for the report; never decides readiness
+        body["frame_store"] = _detail_only(request.app.state.services.frame_store.status(), detailed, "last_error")
+    if request.app.state.services.audit.path is not None:  # lines lost (disk too slow, OS error) are never silent
+        body["audit"] = _detail_only(request.app.state.services.audit.status(), detailed, "path", "error")
     # An alarm never makes the proxy unhealthy (it still serves); which keys, only for a caller who may score.
-    quality: QualityMonitor = request.app.state.quality
+    quality: QualityMonitor = request.app.state.services.quality
     reward_quality = quality.health()
     body["reward_quality"] = reward_quality if detailed else {"status": reward_quality["status"],
                                                              "alarms": len(reward_quality["alarms"])}
@@ -61,8 +61,8 @@ def _detail_only(status: dict[str, Any], detailed: bool, *keys: str) -> dict[str
                                    200: {"content": {"text/plain; version=0.0.4; charset=utf-8": {}},
                                          "description": "Prometheus text format"}})
 async def metrics(request: Request) -> Response:
-    metrics: Metrics = request.app.state.metrics
-    for backend in request.app.state.registry.backends.values():
+    metrics: Metrics = request.app.state.services.metrics
+    for backend in request.app.state.services.registry.backends.values():
         metrics.queue_length.labels(backend.name).set(backend.pool.waiting)
         for decision, count in backend.pool.routed.items():
             metrics.routed.labels(backend.name, decision).set(count)
@@ -76,5 +76,5 @@ async def metrics(request: Request) -> Response:
 async def quality(request: Request) -> JSONResponse:
     """The live reward-quality monitor: the same numbers as `report`, over the last quality.window
     episodes of each key that carried metadata.env_success (docs/reward-quality.md)."""
-    monitor: QualityMonitor = request.app.state.quality
+    monitor: QualityMonitor = request.app.state.services.quality
     return JSONResponse(monitor.snapshot())

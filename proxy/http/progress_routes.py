@@ -35,7 +35,7 @@ async def progress_batch(body: ProgressBatchRequest, request: Request, progress:
     """Per task, each failure's progress toward the task's successes (SRPO); successes are 1."""
     check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
     answer = await progress.progress_batch(body, budget_s=budget_of(request))
-    request.state.backend = progress.embedder.scorer.registry.resolve(body.backend, kind="embedding").name
+    request.state.backend = progress.services.registry.resolve(body.backend, kind="embedding").name
     return JSONResponse(answer)
 
 

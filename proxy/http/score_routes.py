@@ -1,5 +1,5 @@
 """The scoring routes: POST /score, /score/batch, /score/dense, /compare and /compare/batch — thin
-handlers over the Scorer and the Comparer (proxy/pipelines/) — and GET /frame-rules, what a client
+handlers over the pipelines (proxy/pipelines/) — and GET /frame-rules, what a client
 needs to send frames the proxy forwards as they are."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from proxy.http.deps import ALWAYS, ScorerDep, budget_of
+from proxy.http.deps import ALWAYS, ServicesDep, budget_of
 from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
+from proxy.pipelines import scoring
 from proxy.pipelines.batch import check_batch_size
 from proxy.pipelines.compare import Comparer
 from proxy.pipelines.dense import DenseRequest, DenseResponse, score_dense
@@ -34,10 +35,10 @@ router = APIRouter(route_class=JSONBodyRoute)
 
 
 @router.get(FRAME_RULES_PATH, responses=error_answers(*ALWAYS))
-async def frame_rules(scorer: ScorerDep) -> JSONResponse:
+async def frame_rules(services: ServicesDep) -> JSONResponse:
     """Each chat backend's frame rules (vlm_protocol/frame_rules.py) under its name, with the labels
     a request's `backend` may use for it; `default` is the backend a request without one gets."""
-    chat = scorer.registry.of_kind("chat")
+    chat = services.registry.of_kind("chat")
     return JSONResponse({"default": chat[0].name if chat else None,
                          "backends": {b.name: {**frame_rules_of(b.name, b.config).to_dict(), "labels": b.labels}
                                       for b in chat}})
@@ -45,23 +46,23 @@ async def frame_rules(scorer: ScorerDep) -> JSONResponse:
 
 @router.post("/score", response_model=ScoreResponse,
              responses=error_answers(*ALWAYS, 403, 404, 409, 413, 422, 429, 502, 504))
-async def score(body: ScoreRequest, request: Request, scorer: ScorerDep) -> ScoreResponse:
-    result = await scorer.score(body, budget_s=budget_of(request))
+async def score_route(body: ScoreRequest, request: Request, services: ServicesDep) -> ScoreResponse:
+    result = await scoring.score_episode(services, body, scoring.SCORE, budget_s=budget_of(request))
     request.state.backend = result.backend
     return result
 
 
 @router.post("/score/batch", response_model=BatchScoreResponse, responses=error_answers(*ALWAYS, 413, 422))
-async def score_batch(body: BatchScoreRequest, request: Request, scorer: ScorerDep) -> JSONResponse:
-    check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
-    return _batch_answer(request, await scorer.score_batch(body.items, budget_s=budget_of(request)))
+async def score_batch(body: BatchScoreRequest, request: Request, services: ServicesDep) -> JSONResponse:
+    check_batch_size(len(body.items), services.settings.proxy.max_batch_items)
+    return _batch_answer(request, await scoring.score_batch(services, body.items, budget_s=budget_of(request)))
 
 
 @router.post("/score/dense", response_model=DenseResponse,
              responses=error_answers(*ALWAYS, 403, 404, 409, 413, 422, 429, 502, 504))
-async def score_dense_route(body: DenseRequest, request: Request, scorer: ScorerDep) -> DenseResponse:
+async def score_dense_route(body: DenseRequest, request: Request, services: ServicesDep) -> DenseResponse:
     """One episode's progress curve: `points` prefixes (or `prefix_ends`) scored concurrently, one call each."""
-    result = await score_dense(scorer, body, budget_s=budget_of(request))
+    result = await score_dense(services, body, budget_s=budget_of(request))
     request.state.backend = result.backend
     return result
 

@@ -1,5 +1,5 @@
 """Scoring models on the OpenAI surface: a /v1/chat/completions request whose `model` is
-`score:<backend>` runs the /score pipeline (the Scorer: template, layout, sampling, retries,
+`score:<backend>` runs the /score pipeline (template, layout, sampling, retries,
 parsing, audit, metrics) on the request's image parts and answers a chat.completion.
 
 Made so that RLinf's API reward worker (`EmbodiedAPIRewardWorker`, reward.worker_type: api) can use
@@ -8,7 +8,7 @@ base64 JPEG data URL) and one text part (its prompt, which holds the task), with
 `sampling_params` spread into the body. Its `vlm_trend_reward_parser` reads a JSON object's
 `trend` (positive / negative / unclear) from the reply text. So the reply's content is
 `{"trend": "positive" | "negative", "score": s}`: positive when the score reaches
-`trend_threshold` (0.5 unless the body says otherwise); the Scorer's whole response rides along
+`trend_threshold` (0.5 unless the body says otherwise); the /score answer rides along
 in the completion as `vlm_reward`. A failed score is the proxy's error answer, never a number.
 """
 
@@ -25,7 +25,8 @@ from pydantic import ValidationError
 
 from proxy.errors import InvalidRequest, UnknownBackend
 from proxy.pipelines.json_peek import loads
-from proxy.pipelines.scoring import Scorer
+from proxy.pipelines.scoring import SCORE, score_episode
+from proxy.pipelines.services import Services
 from proxy.prompting.request import SAMPLING_FIELDS
 from proxy.schemas import ScoreRequest, ScoreResponse, validation_error
 from proxy.upstream.backends import BackendRegistry
@@ -179,9 +180,9 @@ def _on_chat_fields(err: InvalidRequest, frame_fields: tuple[str, ...], top_leve
     return err
 
 
-async def score_chat(chat: ChatScoring, scorer: Scorer, *, budget_s: float | None) -> ScoreResponse:
+async def score_chat(chat: ChatScoring, services: Services, *, budget_s: float | None) -> ScoreResponse:
     try:
-        return await scorer.score(chat.request, budget_s=budget_s)
+        return await score_episode(services, chat.request, SCORE, budget_s=budget_s)
     except InvalidRequest as err:
         raise _on_chat_fields(err, chat.frame_fields, chat.top_level) from None
 

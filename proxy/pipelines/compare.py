@@ -1,13 +1,11 @@
-"""The /compare pipeline (RL-VLM-F preferences): two episodes of one task → label 0, 1 or -1.
+"""The /compare pipeline (RL-VLM-F preferences): two episodes of one task become label 0, 1 or -1.
 
-Built on the scorer's pieces, not beside them: each episode's frames are resolved, loaded,
-sampled, resized and stored exactly as /score does (`Scorer.load_episode`), the body is laid out
-by proxy/prompting/layouts.py (each episode's label text, then its media), every upstream call goes through the
-backend's pool under the one retry policy, and the reply is read by proxy/answers/preference.py. One query is
-one call; `two_step` makes it two (step 1 compares in words with both episodes, step 2 is text
-only and reads the label from step 1's reply); `swap` asks both orders concurrently and reports a
-disagreement as no preference. Every comparison, labelled or failed, leaves one audit line
-(`"kind": "compare"`) and counts in `vlm_proxy_comparisons_total`.
+Each episode's frames are loaded as /score loads them (proxy/pipelines/episode_frames.py) and
+every call goes through the backend's one ask, so a comparison is sampled, sized, retried and
+counted like a score. One query is one call. `two_step` makes it two: the first compares in words
+with both episodes, the second is text only and reads the label from the first reply. `swap` asks
+both orders concurrently, and when they disagree the answer is no preference. Each comparison,
+labelled or failed, leaves one audit line (kind `compare`) through its envelope.
 """
 
 from __future__ import annotations
@@ -35,23 +33,32 @@ from proxy.errors import (
     InvalidRequest,
     LabelParseError,
     ProxyError,
-    TokenBudgetExceeded,
     UpstreamTimeout,
 )
 from proxy.pipelines.batch import run_batch
-from proxy.pipelines.scoring import Scorer
+from proxy.pipelines.envelope import COMPARE, COMPARE_ITEM, Effects, Envelope
+from proxy.pipelines.episode_frames import load_episode
+from proxy.pipelines.scoring import count_reply
+from proxy.pipelines.services import Services
 from proxy.prompting.layouts import (
     build_compare_body,
     build_text_body,
+    check_token_budget,
     encode_body,
-    prompt_token_bound,
     vision_token_count,
 )
-from proxy.prompting.request import SAMPLING_FIELDS, ResolvedRequest, resolve_request, sampling_for_ask
+from proxy.prompting.request import (
+    SAMPLING_FIELDS,
+    ResolvedRequest,
+    resolve_request,
+    sampling_for_ask,
+    split_backend_kwargs,
+)
 from proxy.prompting.templates import PromptStore
 from proxy.schemas import CompareOrder, CompareRequest, CompareResponse, PromptInfo, ScoreRequest
 from proxy.upstream.backends import Backend
-from proxy.upstream.retry import Attempt, call_with_retries
+from proxy.upstream.pool import Endpoint
+from proxy.upstream.retry import Attempt
 
 __all__ = ["ORDERS", "Comparer"]
 
@@ -78,47 +85,45 @@ class _Comparison:
 
 
 class Comparer:
-    def __init__(self, scorer: Scorer) -> None:
-        self.scorer = scorer
-        self.prompts = PromptStore(scorer.prompts.directory, parser=parse_compare_template)
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.prompts = PromptStore(services.prompts.directory, parser=parse_compare_template)
 
-    async def compare(self, request: CompareRequest, *, admit: bool = True,
-                      budget_s: float | None = None) -> CompareResponse:
+    async def compare(self, request: CompareRequest, *, budget_s: float | None) -> CompareResponse:
+        """POST /compare: one comparison, admitted on its own."""
+        return await self._compare_in(COMPARE, request, budget_s)
+
+    async def compare_batch(self, items: list[Any], *, budget_s: float | None) -> list[dict[str, Any]]:
+        """Every item compared concurrently; each gets its own result or its own error, in order."""
+        return await run_batch(items, lambda item: self._compare_in(COMPARE_ITEM, CompareRequest.model_validate(item),
+                                                                    budget_s), "batch comparison")
+
+    async def _compare_in(self, effects: Effects, request: CompareRequest, budget_s: float | None) -> CompareResponse:
         started = time.perf_counter()
-        metrics, audit = self.scorer.metrics, self.scorer.audit
-        try:
-            backend = self.scorer.registry.resolve(request.backend)
-        except ProxyError as err:
-            metrics.comparisons.labels("none", err.code).inc()
-            raise
         record: dict[str, Any] = {
-            "kind": "compare", "backend": backend.name, "task_text": request.task_text,
+            "task_text": request.task_text,
             "metadata": [e.metadata.model_dump(exclude_none=True) if e.metadata else None for e in request.episodes],
             "two_step": request.two_step, "swap": request.swap}
         comparison: _Comparison | None = None
-        metrics.in_flight.labels(backend.name).inc()
-        try:
-            if admit:
-                backend.pool.check_admission()
-            comparison = self._prepare(request, backend, budget_s, record)
-            response = await self._compare(request, comparison, started)
-        except ProxyError as err:
-            err.backend = backend.name
-            if comparison is not None and err.attempts is not None:
-                err.attempts = comparison.calls  # every step and order, not only the one that failed
-            metrics.comparisons.labels(backend.name, err.code).inc()
-            audit.write({**record, "error": {"code": err.code, "message": err.message}, "attempts": err.attempts})
-            raise
-        finally:
-            metrics.in_flight.labels(backend.name).dec()
-        metrics.comparisons.labels(backend.name, str(response.label)).inc()
-        metrics.compare_latency.labels(backend.name).observe(response.timings_ms["total"] / 1e3)
-        audit.write({**record, "model": response.model, "label": response.label, "agree": response.agree,
-                     "orders": [{**o.model_dump(include={"order", "raw_label", "label", "source"}),
-                                 "output_text": o.output_text[:MAX_REPLY_CHARS],
-                                 "description": o.description and o.description[:MAX_REPLY_CHARS]}
-                                for o in response.orders],
-                     "attempts": response.attempts, "timings_ms": response.timings_ms})
+        envelope = Envelope(self.services, effects, request.backend)
+        envelope.describe = lambda: {"kind": "compare", "backend": envelope.backend.name, **record}
+        with envelope:
+            backend = envelope.backend
+            try:
+                comparison = self._prepare(request, backend, budget_s, record)
+                response = await self._compare(request, comparison, started)
+            except ProxyError as err:
+                if comparison is not None and err.attempts is not None:
+                    err.attempts = comparison.calls  # every step and order, not only the one that failed
+                raise
+            envelope.done({**envelope.describe(), "model": response.model, "label": response.label,
+                           "agree": response.agree,
+                           "orders": [{**o.model_dump(include={"order", "raw_label", "label", "source"}),
+                                       "output_text": o.output_text[:MAX_REPLY_CHARS],
+                                       "description": o.description and o.description[:MAX_REPLY_CHARS]}
+                                      for o in response.orders],
+                           "attempts": response.attempts, "timings_ms": response.timings_ms},
+                          str(response.label), seconds=response.timings_ms["total"] / 1e3)
         return response
 
     def _prepare(self, request: CompareRequest, backend: Backend, budget_s: float | None,
@@ -130,20 +135,10 @@ class Comparer:
                                  f"{', '.join(self.prompt_names()) or 'none'}", field="prompt")
         prompt = self.prompts.get(name)
         record["prompt"] = {"name": prompt.name, "sha256": prompt.sha256}
-        values: dict[str, Any] = {"task_text": request.task_text}
-        sampling: dict[str, Any] = {}
-        for key, value in request.backend_kwargs.items():
-            if key in SAMPLING_FIELDS:
-                sampling[key] = value
-            elif key in prompt.variable_names - {"task_text"}:
-                values[key] = value
-            else:
-                own = ", ".join(sorted(prompt.variable_names - {"task_text"})) or "none"
-                fields = ", ".join(sorted(SAMPLING_FIELDS))
-                raise InvalidRequest(f"backend_kwargs.{key} is not a sampling field ({fields}) or a variable of "
-                                     f"prompt {name!r} ({own})", field=f"backend_kwargs.{key}")
+        sampling, variables, _ = split_backend_kwargs(request.backend_kwargs, prompt)
+        values: dict[str, Any] = {"task_text": request.task_text, **variables}
         first = self._episode_request(request, 0, sampling)
-        resolved = resolve_request(first, cfg, self.scorer.prompts.get(cfg.prompt), self.scorer.settings.proxy)
+        resolved = resolve_request(first, cfg, self.services.prompts.get(cfg.prompt), self.services.settings.proxy)
         if cfg.layout == "shuffled_images":
             raise InvalidRequest(f"backend {backend.name!r} uses the shuffled_images layout (one value per shuffled "
                                  "frame): /compare shows two episodes in order; use a backend with another layout",
@@ -178,14 +173,14 @@ class Comparer:
 
     async def _compare(self, request: CompareRequest, c: _Comparison, started: float) -> CompareResponse:
         cfg, sampling = c.backend.config, {k: v for k, v in request.backend_kwargs.items() if k in SAMPLING_FIELDS}
-        loaded = await asyncio.gather(*(self.scorer.load_episode(
-            self._episode_request(request, i, sampling), cfg, c.resolved.limits, c.resolved.requested_nframes)
-            for i in (0, 1)))
-        c.frames, c.fps = [item[0] for item in loaded], loaded[0][1]
-        infos = [item[2].model_copy(update={"fps": round(c.fps, 6)}) for item in loaded]  # one rate is sent
+        loaded = await asyncio.gather(*(load_episode(
+            self.services, self._episode_request(request, i, sampling), cfg, c.resolved.limits,
+            c.resolved.requested_nframes) for i in (0, 1)))
+        c.frames, c.fps = [item.frames for item in loaded], loaded[0].fps
+        infos = [item.info.model_copy(update={"fps": round(c.fps, 6)}) for item in loaded]  # one rate is sent
         c.record.update(frames=[i.model_dump(include={"count", "requested", "indices", "size", "still_size", "fps",
                                                       "vision_tokens", "sha256", "still_sha256"}) for i in infos],
-                        frame_store=[item[3] for item in loaded])
+                        frame_store=[item.stored for item in loaded])
         self._check_token_budget(c)
         upstream_started = time.perf_counter()
         orders = ORDERS if request.swap else ORDERS[:1]
@@ -235,21 +230,19 @@ class Comparer:
     async def _ask(self, c: _Comparison, body: dict[str, Any], parse: Callable[[ChatReply], T]
                    ) -> tuple[ChatReply, T, int]:
         """One step under the retry policy: (reply, what parse read from it, asks)."""
-        cfg, backend, metrics = c.backend.config, c.backend, self.scorer.metrics
+        cfg, backend, metrics = c.backend.config, c.backend, self.services.metrics
         first_ask, asks = encode_body(body), 0
 
-        async def send(attempt: Attempt) -> ChatReply:
+        async def body_for(_endpoint: Endpoint, attempt: Attempt) -> bytes:
             nonlocal asks
             asks = attempt.parse_round + 1
-            payload = first_ask if attempt.parse_round == 0 else encode_body(
+            return first_ask if attempt.parse_round == 0 else encode_body(
                 body, sampling_for_ask(cfg, c.resolved.sampling, attempt.parse_round))
-            return await backend.call(attempt, metrics, lambda endpoint: self.scorer.upstream.chat(
-                endpoint, payload, timeout_s=attempt.timeout_s, api_key=cfg.api_key()))
 
         def seen(reply: ChatReply) -> None:
             c.record["output_text"] = reply.text[:MAX_REPLY_CHARS]
             c.record["finish_reason"], c.record["endpoint"] = reply.finish_reason, reply.endpoint
-            self.scorer.count_reply(backend.name, reply)
+            count_reply(self.services, backend.name, reply)
 
         def read(reply: ChatReply) -> T:
             try:
@@ -264,7 +257,8 @@ class Comparer:
                                   attempts=c.calls)
         try:
             budget = left if c.budgeted or left < cfg.retry.deadline_s - 1 else None  # None: the deadline's own words
-            reply, parsed, calls = await call_with_retries(cfg.retry, send, read, budget_s=budget, on_reply=seen)
+            reply, parsed, calls = await backend.ask(metrics, self.services.upstream.chat, body_for, read,
+                                                     budget_s=budget, on_reply=seen)
         except ProxyError as err:
             c.calls += err.attempts or 0
             raise
@@ -273,18 +267,8 @@ class Comparer:
 
     def _check_token_budget(self, c: _Comparison) -> None:
         cfg = c.backend.config
-        if cfg.max_model_len is None:
-            return
         texts = [c.prompt.texts[k] or "" for k in ("system", "query", "describe")]
         chars = sum(map(len, texts)) + 2 * len(c.prompt.texts["episode_label"] or "") + len(c.values["task_text"])
-        needed = (prompt_token_bound(cfg.layout, c.frames[0], chars) + vision_token_count(cfg.layout, c.frames[1])
-                  + c.resolved.sampling.max_tokens)
-        if needed > cfg.max_model_len:
-            raise TokenBudgetExceeded(f"two episodes of {c.resolved.limits.nframes} frames need about {needed} tokens "
-                                      f"with max_tokens {c.resolved.sampling.max_tokens}, over max_model_len "
-                                      f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")
-
-    async def compare_batch(self, items: list[Any], *, budget_s: float | None = None) -> list[dict[str, Any]]:
-        """Every item compared concurrently; each gets its own result or its own error, in order."""
-        return await run_batch(items, lambda item: self.compare(CompareRequest.model_validate(item), admit=False,
-                                                                budget_s=budget_s), "batch comparison")
+        vision = sum(vision_token_count(cfg.layout, frames) for frames in c.frames)
+        check_token_budget(cfg, c.resolved.sampling.max_tokens, vision, chars,
+                           f"two episodes of {c.resolved.limits.nframes} frames")

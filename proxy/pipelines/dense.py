@@ -20,11 +20,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from proxy.config import BackendConfig
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.media.budget import DecodeBudget
-from proxy.media.decode import decode_source
+from proxy.media.decode import FrameLimits, decode_source
 from proxy.media.encode import encode_prefix, prefix_indices
-from proxy.pipelines.scoring import Scorer
+from proxy.pipelines.envelope import DENSE_CURVE, DENSE_POINT, Envelope
+from proxy.pipelines.episode_frames import LoadedEpisode, describe_frames, source_of, store_frames
+from proxy.pipelines.scoring import SCORE, Prepared, score_episode
+from proxy.pipelines.services import Services
 from proxy.prompting.request import resolve_request
 from proxy.schemas import QualityStatus, ScoreRequest, ScoreResponse, json_number
 from vlm_protocol.frames import sample_indices
@@ -89,20 +93,28 @@ class DenseResponse(BaseModel):
     quality: QualityStatus | None = None
 
 
-async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float | None = None) -> DenseResponse:
+async def score_dense(services: Services, request: DenseRequest, *, budget_s: float | None) -> DenseResponse:
     started = time.perf_counter()
     points = len(request.prefix_ends or ()) or request.points or DEFAULT_POINTS
-    cap = scorer.settings.proxy.max_batch_items
+    cap = services.settings.proxy.max_batch_items
     if points > cap:
         raise InvalidRequest(f"{points} points is over the cap of {cap} (proxy.max_batch_items: k points are k calls)",
                              field="prefix_ends" if request.prefix_ends else "points")
-    backend = scorer.registry.resolve(request.backend)
+    backend = services.registry.resolve(request.backend)
     cfg = backend.config
-    template = scorer.prompts.get(cfg.prompt)
+    template = services.prompts.get(cfg.prompt)
     if template.answer.per_frame:
-        return await _score_shuffled(scorer, request, points, backend.name, budget_s, started)
-    limits = resolve_request(request, cfg, template, scorer.settings.proxy).limits
-    backend.pool.check_admission()  # the curve is admitted as a whole, like a batch
+        return await _score_shuffled(services, request, points, backend.name, budget_s, started)
+    limits = resolve_request(request, cfg, template, services.settings.proxy).limits
+    metadata = request.metadata.model_dump(exclude_none=True) if request.metadata else None
+    with Envelope(services, DENSE_CURVE, backend.name, watch=(request.task_text, metadata)) as curve_envelope:
+        return await _score_prefixes(services, request, curve_envelope, limits, budget_s, started)
+
+
+async def _score_prefixes(services: Services, request: DenseRequest, envelope: Envelope, limits: FrameLimits,
+                          budget_s: float | None, started: float) -> DenseResponse:
+    """Every prefix from one decode, each point scored as its own /score inside its own envelope."""
+    backend = envelope.backend
     ends: list[int] = []
 
     def episodes_for(count: int) -> list[list[int]]:
@@ -112,16 +124,25 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
     def decode_and_encode(budget: DecodeBudget):
         """One decode for every prefix, each frame kept only at the sizes its prefixes send (within one
         request budget), then every prefix's JPEGs: the decoded frames never leave the media thread."""
-        decoded = decode_source(limits, episodes_for, budget, **scorer.source_of(request))
+        decoded = decode_source(limits, episodes_for, budget, **source_of(request, services))
         return decoded.count, decoded.load_ms, [encode_prefix(limits, decoded, end) for end in ends]
 
-    count, load_ms, encoded = await scorer.media.run(decode_and_encode)
+    count, load_ms, encoded = await services.media.run(decode_and_encode)
     base = request.model_dump(exclude={"points", "prefix_ends"})
     curve = uuid.uuid4().hex[:16]  # names the curve in its points' audit lines (report: VOC per curve)
-    tasks = [asyncio.ensure_future(scorer.score(
-        ScoreRequest.model_validate({**base, "prefix_end": end}), admit=False, budget_s=budget_s,
-        encoded=encoded[point], dense={"point": point, "points": len(ends), "curve": curve}))
-        for point, end in enumerate(ends)]
+
+    def point_task(point: int, end: int) -> asyncio.Future[ScoreResponse]:
+        prefix = ScoreRequest.model_validate({**base, "prefix_end": end})
+
+        async def frames_for(prepared: Prepared, cfg: BackendConfig) -> LoadedEpisode:
+            return await store_frames(services, describe_frames(prefix, cfg, encoded[point],
+                                                                prepared.resolved.requested_nframes))
+
+        return asyncio.ensure_future(score_episode(
+            services, prefix, DENSE_POINT, frames_for, budget_s=budget_s,
+            described={"dense": {"point": point, "points": len(ends), "curve": curve}}))
+
+    tasks = [point_task(point, end) for point, end in enumerate(ends)]
     try:
         done = await asyncio.gather(*tasks)
     except ProxyError as err:
@@ -139,9 +160,7 @@ async def score_dense(scorer: Scorer, request: DenseRequest, *, budget_s: float 
             if isinstance(value, int):
                 usage[key] = usage.get(key, 0) + value
     # the curve's last point scores the whole episode: that is the episode the monitor sees
-    watched = scorer.watch_episode(backend.name, request.task_text,
-                                   request.metadata.model_dump(exclude_none=True) if request.metadata else None,
-                                   done[-1].score) if ends and ends[-1] == count - 1 else None
+    watched = envelope.watch_episode(done[-1].score) if ends and ends[-1] == count - 1 else None
     return DenseResponse(
         method="prefixes", quality=watched,
         curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)
@@ -169,7 +188,7 @@ def _prefix_ends(request: DenseRequest, count: int) -> list[int]:
     return ends
 
 
-async def _score_shuffled(scorer: Scorer, request: DenseRequest, points: int, backend: str,
+async def _score_shuffled(services: Services, request: DenseRequest, points: int, backend: str,
                           budget_s: float | None, started: float) -> DenseResponse:
     """GVL's one call: the first frame as the reference and `points` frames after it, spread as a
     /score samples nframes = points + 1 (so the points end where the prefix method's would), shown
@@ -179,7 +198,8 @@ async def _score_shuffled(scorer: Scorer, request: DenseRequest, points: int, ba
                              "give points, not prefix_ends", field="prefix_ends")
     base = request.model_dump(exclude={"points", "prefix_ends"})
     # an episode, not a prefix: its audit line is a score line and the monitor sees it (the last frame's value)
-    result = await scorer.score(ScoreRequest.model_validate({**base, "nframes": points + 1}), budget_s=budget_s)
+    result = await score_episode(services, ScoreRequest.model_validate({**base, "nframes": points + 1}), SCORE,
+                                 budget_s=budget_s)
     assert result.per_frame is not None
     if len(result.per_frame) < points:
         raise InvalidRequest(f"points {points} is more than the episode's {len(result.per_frame)} frames after its "

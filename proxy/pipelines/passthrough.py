@@ -15,6 +15,7 @@ the upstream response (`RelayStream`, sent by the HTTP layer's `RelayedStream`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,12 +24,11 @@ from dataclasses import dataclass
 import pydantic_core
 
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
-from proxy.metrics import Metrics
+from proxy.pipelines.envelope import PASSTHROUGH, Envelope
 from proxy.pipelines.json_peek import Field, NotJsonObject, peek_fields, splice
-from proxy.upstream.backends import Backend, BackendRegistry
-from proxy.upstream.client import UpstreamAnswer, UpstreamClient, UpstreamStream, translate_status
-from proxy.upstream.pool import Reservation
-from proxy.upstream.retry import Attempt, call_with_retries
+from proxy.pipelines.services import Services
+from proxy.upstream.backends import Backend
+from proxy.upstream.client import UpstreamAnswer, UpstreamStream, translate_status
 
 
 def refuse_unsafe_media(raw_body: bytes) -> None:
@@ -137,10 +137,9 @@ _ROUTING = frozenset({"model", "stream"})
 
 
 class ChatPassthrough:
-    def __init__(self, registry: BackendRegistry, upstream: UpstreamClient, metrics: Metrics) -> None:
-        self.registry = registry
-        self.upstream = upstream
-        self.metrics = metrics
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.registry = services.registry
 
     def models(self) -> dict:
         data = []
@@ -152,66 +151,27 @@ class ChatPassthrough:
 
     async def relay(self, raw_body: bytes, request: RoutingFields, *, budget_s: float | None = None) -> Relayed:
         refuse_unsafe_media(raw_body)
-        backend = self.registry.resolve(request.model.value, field="model")
-        backend.pool.check_admission()
-        if request.model.value != backend.config.model:  # an alias: vLLM knows the served name only
-            raw_body = splice(raw_body, request.model, backend.config.model)
-        if request.stream:
-            return await self._relay_stream(backend, raw_body, budget_s)
-        return await self._relay_whole(backend, raw_body, budget_s)
-
-    def _count_answer(self, backend: Backend, endpoint_url: str, answer: UpstreamAnswer | UpstreamStream) -> None:
-        """A 2xx is ok; a 4xx vLLM answered is relayed as is, but counted as what it is."""
-        if isinstance(answer, UpstreamAnswer) and answer.status_code >= 400:
-            err = translate_status(answer, endpoint_url)
-            code = err.code if isinstance(err, UpstreamError) else UpstreamRejected.code
-            self.metrics.upstream_calls.labels(backend.name, endpoint_url, code).inc()
-        else:
-            self.metrics.upstream_calls.labels(backend.name, endpoint_url, "ok").inc()
-
-    async def _forward(self, backend: Backend, body: bytes, attempt: Attempt, *,
-                       stream: bool) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
-        """One upstream call on a reserved slot; the caller releases the reservation."""
-        pool = backend.pool
-        reservation = await pool.reserve(attempt.avoid, until=attempt.until)
-        try:
-            attempt.slot_taken()
-        except BaseException:  # the deadline ran out as the slot came free: nothing was sent
-            pool.release(reservation, ok=False)
-            raise
-        endpoint = reservation.endpoint
-        try:
-            response = await self.upstream.forward(endpoint, body, timeout_s=attempt.timeout_s,
-                                                   api_key=backend.config.api_key(), stream=stream)
-        except UpstreamError as err:
-            backend.note_failure(endpoint, err, self.metrics, attempt)
-            pool.release(reservation, ok=False)
-            raise
-        except BaseException:
-            pool.release(reservation, ok=False)
-            raise
-        self._count_answer(backend, endpoint.base_url, response)
-        return reservation, response
+        with Envelope(self.services, PASSTHROUGH, request.model.value, field="model") as envelope:
+            backend = envelope.backend
+            if request.model.value != backend.config.model:  # an alias: vLLM knows the served name only
+                raw_body = splice(raw_body, request.model, backend.config.model)
+            if request.stream:
+                return await self._relay_stream(backend, raw_body, budget_s)
+            return await self._relay_whole(backend, raw_body, budget_s)
 
     async def _relay_whole(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
-        async def send(attempt: Attempt) -> UpstreamAnswer | UpstreamStream:
-            reservation, response = await self._forward(backend, body, attempt, stream=False)
-            backend.pool.release(reservation, ok=True)
-            return response  # read whole: not streamed, so an UpstreamAnswer
-
-        response, _, calls = await call_with_retries(backend.config.retry, send, lambda r: r, budget_s=budget_s)
+        forward = functools.partial(self.services.upstream.forward, stream=False)
+        response, _, calls = await backend.ask(self.services.metrics, forward, body, budget_s=budget_s,
+                                               outcome=_outcome)
         return Relayed(backend.name, response.status_code, response.content, None,
                        response.headers.get("content-type", "application/json"), calls)
 
     async def _relay_stream(self, backend: Backend, body: bytes, budget_s: float | None) -> Relayed:
         """Hold the endpoint slot until the last byte; retry only while nothing was sent."""
         pool = backend.pool
-
-        async def send(attempt: Attempt) -> tuple[Reservation, UpstreamAnswer | UpstreamStream]:
-            return await self._forward(backend, body, attempt, stream=True)
-
-        (reservation, response), _, calls = await call_with_retries(backend.config.retry, send, lambda r: r,
-                                                                    budget_s=budget_s)
+        forward = functools.partial(self.services.upstream.forward, stream=True)
+        (reservation, response), _, calls = await backend.ask_holding_slot(self.services.metrics, forward, body,
+                                                                           budget_s=budget_s, outcome=_outcome)
         if isinstance(response, UpstreamAnswer):  # not a 200: forward() read it whole
             pool.release(reservation, ok=True)
             return Relayed(backend.name, response.status_code, response.content, None,
@@ -226,3 +186,11 @@ class ChatPassthrough:
 
         stream = RelayStream(response.chunks(), cleanup)
         return Relayed(backend.name, 200, None, stream, media_type, calls)
+
+
+def _outcome(answer: UpstreamAnswer | UpstreamStream) -> str:
+    """A 2xx is ok; a 4xx vLLM answered is relayed as is, but counted as what it is."""
+    if isinstance(answer, UpstreamAnswer) and answer.status_code >= 400:
+        err = translate_status(answer, "")
+        return err.code if isinstance(err, UpstreamError) else UpstreamRejected.code
+    return "ok"

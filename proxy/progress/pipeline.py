@@ -21,6 +21,8 @@ import numpy as np
 
 from proxy.errors import InvalidRequest, ProgressGroupFailed, ProxyError, UpstreamProtocolError
 from proxy.media.decode import FrameLimits
+from proxy.pipelines.envelope import PROGRESS, REFERENCES, Envelope
+from proxy.pipelines.services import Services
 from proxy.progress.embedding import Embedded, Embedder
 from proxy.progress.math import METHOD, srpo_progress
 from proxy.progress.reference_store import ReferenceStore, StoreKey
@@ -42,18 +44,15 @@ Outcome = ProgressResult | ProxyError
 
 
 class ProgressScorer:
-    def __init__(self, embedder: Embedder, store: ReferenceStore | None) -> None:
-        self.embedder = embedder
+    def __init__(self, services: Services, store: ReferenceStore | None) -> None:
+        self.services = services
+        self.embedder = Embedder(services)
         self.store = store
-
-    @property
-    def _scorer(self):
-        return self.embedder.scorer
 
     def _backend(self, label: str | None, items: list[ScoreRequest]) -> tuple[Backend, list[str]]:
         """The embedding backend and each item's embedding space, every item checked against it
         (nothing is embedded before)."""
-        registry = self._scorer.registry
+        registry = self.services.registry
         backend = registry.resolve(label, kind="embedding")
         spaces = []
         for index, item in enumerate(items):
@@ -75,7 +74,7 @@ class ProgressScorer:
         sizing = {k: v for k, v in asdict(limits).items() if k not in ("nframes", "max_inline_frames",
                                                                          "max_source_pixels")}
         what = {"layout": cfg.layout, "request_mm_kwargs": cfg.request_mm_kwargs, "sizing": sizing,
-                "prompt": self._scorer.prompts.get(cfg.prompt).sha256 if cfg.prompt else None,
+                "prompt": self.services.prompts.get(cfg.prompt).sha256 if cfg.prompt else None,
                 "fps": (item.video_fps or cfg.frames.default_video_fps) if fps == "seed" else fps,
                 # a second camera makes other vectors (absent on one camera: stored spaces keep their keys)
                 **({"extra_view": cfg.frames.extra_view} if cfg.frames.extra_view else {})}
@@ -101,12 +100,7 @@ class ProgressScorer:
                 log.exception("progress item %d failed unexpectedly", index)
                 return ProxyError(f"internal error: {type(err).__name__}")
 
-        backend.pool.check_admission()  # the batch is admitted as a whole
-        self._scorer.metrics.in_flight.labels(backend.name).inc()
-        try:
-            return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
-        finally:
-            self._scorer.metrics.in_flight.labels(backend.name).dec()
+        return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(items))))
 
     async def progress_batch(self, body: ProgressBatchRequest, *, budget_s: float | None) -> dict[str, Any]:
         items = body.items
@@ -122,6 +116,12 @@ class ProgressScorer:
         self._one_space_per_task(tasks, spaces)
         keys = {task: StoreKey(backend.config.model, spaces[indices[0]], body.reference_namespace or "", task)
                 for task, indices in tasks.items()}
+        with Envelope(self.services, PROGRESS, backend.name, kind="embedding") as envelope:  # admitted as a whole
+            return await self._measure(envelope, body, keys, tasks, budget_s)
+
+    async def _measure(self, envelope: Envelope, body: ProgressBatchRequest, keys: dict[str, StoreKey],
+                       tasks: dict[str, list[int]], budget_s: float | None) -> dict[str, Any]:
+        backend, items = envelope.backend, body.items
         embedded = await self._embed_all(backend, items, budget_s)
         outcomes: dict[int, Outcome] = {}
 
@@ -136,7 +136,7 @@ class ProgressScorer:
                     outcomes.update({i: failure for i in indices})
 
         await asyncio.to_thread(measure)
-        results = [self._answer(backend, i, items[i], embedded[i], outcomes[i], body.include_embeddings)
+        results = [self._answer(envelope, i, items[i], embedded[i], outcomes[i], body.include_embeddings)
                    for i in range(len(items))]
         not_remembered = []
         if self.store is not None and body.remember_successes:
@@ -189,10 +189,10 @@ class ProgressScorer:
         return ProgressResult(task_id=item.metadata.task_id, env_success=bool(item.metadata.env_success),
                               outcome=outcome, progress=progress, embedding=embedded.info, **measured)
 
-    def _answer(self, backend: Backend, index: int, item: ScoreRequest, embedded: Embedded | ProxyError,
+    def _answer(self, envelope: Envelope, index: int, item: ScoreRequest, embedded: Embedded | ProxyError,
                 outcome: Outcome, include_vector: bool) -> dict[str, Any]:
         """The item's answer; its audit line and metrics on the way."""
-        scorer = self._scorer
+        backend = envelope.backend
         record: dict[str, Any] = {
             "kind": "progress", "backend": backend.name, "task_text": item.task_text,
             "metadata": item.metadata.model_dump(exclude_none=True)}
@@ -203,15 +203,13 @@ class ProgressScorer:
                           frame_store=embedded.frame_store, endpoint=info.endpoint, usage=info.usage,
                           attempts=info.attempts, timings_ms=info.timings_ms)
         if isinstance(outcome, ProxyError):
-            scorer.metrics.progress_episodes.labels(backend.name, outcome.code).inc()
-            scorer.audit.write({**record, "error": {"code": outcome.code, "message": outcome.message}})
+            envelope.failed(outcome, record)
             return {"index": index, "ok": False, "status": outcome.status_code, "error": outcome.to_dict()}
-        scorer.metrics.progress_episodes.labels(backend.name, outcome.outcome).inc()
         if outcome.outcome == "progress":
-            scorer.metrics.progress.labels(backend.name).observe(outcome.progress)
+            self.services.metrics.progress.labels(backend.name).observe(outcome.progress)
         result = outcome.model_dump(mode="json")
-        scorer.audit.write({**record, **{k: result[k] for k in ("outcome", "progress", "distance",
-                                                                "normalised_distance", "reference")}})
+        envelope.done({**record, **{k: result[k] for k in ("outcome", "progress", "distance", "normalised_distance",
+                                                            "reference")}}, outcome.outcome)
         if include_vector:
             result["embedding"]["vector"] = embedded.vector.tolist()
         return {"index": index, "ok": True, "status": 200, "result": result}
@@ -231,7 +229,7 @@ class ProgressScorer:
             except (ProxyError, OSError) as err:
                 code = err.code if isinstance(err, ProxyError) else "os_error"
                 log.warning("reference store: successes of task %r not kept: %s", task, err)
-                self._scorer.metrics.reference_refusals.labels(code, "/progress/batch").inc(len(kept))
+                self.services.metrics.reference_refusals.labels(code, "/progress/batch").inc(len(kept))
                 not_remembered.append({"task_id": outcomes[kept[0]].task_id, "successes": len(kept), "code": code,
                                        "message": str(err)})
         return not_remembered
@@ -242,7 +240,8 @@ class ProgressScorer:
         backend, spaces = self._backend(body.backend, body.items)
         task = task_key(body.task_id)
         self._one_space_per_task({task: list(range(len(spaces)))}, spaces)
-        embedded = await self._embed_all(backend, body.items, budget_s)
+        with Envelope(self.services, REFERENCES, backend.name, kind="embedding"):  # admitted as a whole
+            embedded = await self._embed_all(backend, body.items, budget_s)
         for err in embedded:
             if isinstance(err, ProxyError):
                 raise err  # all or nothing: a demonstration set is added whole
@@ -250,7 +249,7 @@ class ProgressScorer:
         try:
             added, total = await asyncio.to_thread(self.store.add_demonstrations, key, [e.vector for e in embedded])
         except ProxyError as err:
-            self._scorer.metrics.reference_refusals.labels(err.code, "/progress/references").inc(len(embedded))
+            self.services.metrics.reference_refusals.labels(err.code, "/progress/references").inc(len(embedded))
             raise
         return ReferencesResponse(backend=backend.name, model=backend.config.model, task_id=body.task_id,
                                   added=added, demonstrations=total)

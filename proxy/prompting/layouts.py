@@ -32,6 +32,7 @@ from typing import Any
 from proxy.answers.parse import PerFrame
 from proxy.answers.per_frame import Shuffle
 from proxy.config import BackendConfig, SamplingConfig
+from proxy.errors import TokenBudgetExceeded
 from proxy.media.encode import EncodedFrames
 from vlm_protocol.frames import vision_tokens
 
@@ -269,7 +270,13 @@ def vision_token_count(layout: str, frames: EncodedFrames) -> int:
     return count
 
 
-def prompt_token_bound(layout: str, frames: EncodedFrames, text_chars: int) -> int:
-    """An upper bound of a prompt's tokens: the exact vision cost plus a generous text allowance
-    (≈3 chars a token, + template)."""
-    return vision_token_count(layout, frames) + text_chars // 3 + 64
+def check_token_budget(cfg: BackendConfig, max_tokens: int, vision_tokens: int, text_chars: int, what: str) -> None:
+    """A 422 before any call when the prompt and the reply could not fit the backend's
+    max_model_len: the exact vision cost plus a generous text allowance (about 3 characters a
+    token, and the template's own) plus max_tokens. `what` names the frames in the message."""
+    if cfg.max_model_len is None:
+        return
+    needed = vision_tokens + text_chars // 3 + 64 + max_tokens
+    if needed > cfg.max_model_len:
+        raise TokenBudgetExceeded(f"{what} need about {needed} tokens with max_tokens {max_tokens}, over max_model_len "
+                                  f"{cfg.max_model_len}; lower nframes or max_pixels", field="nframes")

@@ -46,47 +46,67 @@ class ResolvedRequest:
     shuffle_seed: int | None = None  # a per-frame answer's seed of the shown order (None: from the frames)
 
 
+def split_backend_kwargs(kwargs: dict[str, Any], template: Any, *, own: tuple[str, ...] = (),
+                         own_words: str = "") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A request's backend_kwargs by what each sets: sampling fields, the route's `own` keys, and
+    the template's variables (in that order of precedence); any other key is a 422 naming what
+    the route accepts. `template` has `name` and `variable_names`."""
+    sampling, variables, owned = {}, {}, {}
+    for key, value in kwargs.items():
+        if key in SAMPLING_FIELDS:
+            sampling[key] = value
+        elif key in own:
+            owned[key] = value
+        elif key in template.variable_names and key != "task_text":
+            variables[key] = value
+        else:
+            raise _not_accepted(key, template, own_words)
+    return sampling, variables, owned
+
+
+def _not_accepted(key: str, template: Any, own_words: str) -> InvalidRequest:
+    others = ", ".join(sorted(template.variable_names - {"task_text"})) or "none"
+    fields = ", ".join(sorted(SAMPLING_FIELDS))
+    own = f"{own_words}, " if own_words else ""
+    return InvalidRequest(f"backend_kwargs.{key} is not a sampling field ({fields}), {own}"
+                          f"or a variable of prompt {template.name!r} ({others})", field=f"backend_kwargs.{key}")
+
+
 def resolve_request(request: ScoreRequest, cfg: BackendConfig, template: PromptTemplate,
                 proxy: ProxySettings) -> ResolvedRequest:
     limits, requested = frame_limits(request, cfg, proxy)
-    template_vars = template.variable_names
-    overrides, variables, prompt_overrides, score_mode, estimate_kwargs = {}, {}, {}, cfg.score_mode, {}
+    prompt_overrides, score_mode, estimate_kwargs = {}, cfg.score_mode, {}
     shuffle_seed: int | None = None
     if (cfg.layout == "shuffled_images") != bool(template.answer.per_frame):
         raise PromptTemplateError(f"prompt {template.name!r} and layout {cfg.layout!r} do not fit: a per_frame answer "
                                   "(one value per shown frame) goes with layout shuffled_images, and only it")
-    for key, value in request.backend_kwargs.items():
-        if key in SAMPLING_FIELDS:
-            overrides[key] = value
-        elif key == "score_mode":
+    own_words = f"score_mode, {', '.join(ESTIMATE_KWARGS)}, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}"
+    overrides, variables, own = split_backend_kwargs(
+        request.backend_kwargs, template, own=("score_mode", *ESTIMATE_KWARGS, "shuffle_seed", *SEED_PROMPT_KWARGS),
+        own_words=own_words)
+    for key, value in own.items():
+        if key == "score_mode":
             if value not in SCORE_MODES:
                 raise InvalidRequest(f"score_mode must be one of {', '.join(SCORE_MODES)}",
                                      field="backend_kwargs.score_mode")
             score_mode = value
         elif key in ESTIMATE_KWARGS:
             estimate_kwargs[key] = value
-        elif key == "shuffle_seed" and template.answer.per_frame:
+        elif key == "shuffle_seed":
+            if not template.answer.per_frame:
+                raise _not_accepted(key, template, own_words)
             if type(value) is not int or not 0 <= value < 2**63:
                 raise _kwarg_error(key, "must be a non-negative integer (the seed of the frames' shown order)")
             shuffle_seed = value
-        elif key in SEED_PROMPT_KWARGS and template.answer.per_frame:
+        elif template.answer.per_frame:
             raise _kwarg_error(key, f"cannot replace prompt {template.name!r}'s text: its user text places the shown "
                                     "frames")
-        elif key in SEED_PROMPT_KWARGS:
+        else:
             if not isinstance(value, str) or len(value) > proxy.max_prompt_chars:
                 raise InvalidRequest(f"backend_kwargs.{key} must be a string of at most "
                                      f"{proxy.max_prompt_chars} characters (proxy.max_prompt_chars)",
                                      field=f"backend_kwargs.{key}")
             prompt_overrides[key] = value
-        elif key in template_vars and key != "task_text":
-            variables[key] = value
-        else:
-            raise InvalidRequest(
-                f"backend_kwargs.{key} is not a sampling field ({', '.join(sorted(SAMPLING_FIELDS))}), "
-                f"score_mode, {', '.join(ESTIMATE_KWARGS)}, one of the seed's {', '.join(SEED_PROMPT_KWARGS)}, "
-                f"or a variable of prompt "
-                f"{cfg.prompt!r} ({', '.join(sorted(template_vars - {'task_text'})) or 'none'})",
-                field=f"backend_kwargs.{key}")
     sampling = _override_sampling(cfg, overrides)
     if template.answer.per_frame and score_mode != "auto":
         raise InvalidRequest(f"prompt {template.name!r} answers one value per frame on its declared scale: leave "

@@ -16,7 +16,7 @@ from proxy.metrics import Metrics
 from proxy.quality.window import KeyWindow
 from vlm_protocol.agreement import ALARM, OK, RESET, UNKNOWN
 
-__all__ = ["QualityMonitor", "quality_key"]
+__all__ = ["Key", "QualityMonitor", "quality_key"]
 
 log = logging.getLogger(__name__)
 MAX_TASK_LABEL = 128  # a task text as a label: its start (task ids are short)
@@ -104,7 +104,7 @@ class QualityMonitor:
                     gauge.remove(*labels, kind)
 
     def observe_probe(self, key: Key, kind: str, original: float, probe: float) -> dict[str, Any] | None:
-        """One invariance probe of a tracked key (proxy/pipelines/probes.py); its kind's numbers."""
+        """One invariance probe of a tracked key (proxy/quality/probes.py); its kind's numbers."""
         window = self.windows.get(key)
         if window is None:
             return None

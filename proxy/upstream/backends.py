@@ -6,16 +6,47 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from proxy.config import BackendConfig, Settings
 from proxy.errors import RETRYABLE_UPSTREAM, InvalidRequest, UnknownBackend, UpstreamError, UpstreamTimeout
 from proxy.metrics import Metrics
-from proxy.upstream.pool import Endpoint, EndpointPool
-from proxy.upstream.retry import Attempt
+from proxy.upstream.pool import Endpoint, EndpointPool, Reservation
+from proxy.upstream.retry import Attempt, call_with_retries
 
 T = TypeVar("T")
+P = TypeVar("P")
+T_co = TypeVar("T_co", covariant=True)
 log = logging.getLogger("vlm_reward_proxy.upstream")
+
+
+class Send(Protocol[T_co]):
+    """An UpstreamClient call: one request to one endpoint."""
+
+    def __call__(self, endpoint: Endpoint, body: bytes, *, timeout_s: float, api_key: str | None) -> Awaitable[T_co]:
+        ...
+
+
+Held = tuple[Reservation, T]  # a reply whose endpoint slot its caller releases
+
+# The bytes of a call's body, or how to make them on the endpoint an attempt reserved.
+Body = bytes | Callable[[Endpoint, Attempt], Awaitable[bytes]]
+
+
+class Asked(NamedTuple, Generic[T, P]):
+    """What one ask came back with: the last reply, what `parse` read from it, the calls it took."""
+
+    reply: T
+    parsed: P
+    calls: int
+
+
+def _as_is(reply: T) -> T:
+    return reply
+
+
+def _ok(_reply: object) -> str:
+    return "ok"
 
 
 @dataclass
@@ -28,21 +59,55 @@ class Backend:
     def labels(self) -> list[str]:
         return [self.name, self.config.model, *self.config.aliases]
 
-    async def call(self, attempt: Attempt, metrics: Metrics, fn: Callable[[Endpoint], Awaitable[T]],
-                   group: str | None = None) -> T:
-        """Run one upstream call on a reserved endpoint, feeding the outcome to its circuit.
-        `group`: calls that share a prompt prefix (routing.policy affinity keeps them on one replica)."""
-        queued = time.perf_counter()
-        async with self.pool.acquire(attempt.avoid, group, until=attempt.until) as endpoint:
-            attempt.slot_taken()
-            metrics.queue_wait.labels(self.name).observe(time.perf_counter() - queued)
+    async def ask(self, metrics: Metrics, send: Send[T], body: Body, parse: Callable[[T], P] = _as_is, *,
+                  budget_s: float | None, on_reply: Callable[[T], None] | None = None, group: str | None = None,
+                  outcome: Callable[[T], str] = _ok) -> Asked[T, P]:
+        """Every call to a replica goes through here: the retry policy (proxy/upstream/retry.py)
+        around one `send` (an UpstreamClient method) of `body` on a reserved endpoint slot, each
+        outcome fed to that endpoint's circuit. `body` is the bytes, or made per attempt on its
+        endpoint (a re-ask samples anew; a probability answer needs that endpoint's token ids, and
+        the time its lookup takes comes off the attempt's timeout). `group` names calls that share
+        a prompt prefix (routing.policy affinity keeps them on one replica); `outcome` labels a call
+        that returned (a relayed 4xx counts as what it is)."""
+        attempt_call = self._attempts(metrics, send, body, group, outcome, hold_slot=False)
+        return Asked(*await call_with_retries(self.config.retry, attempt_call, parse, budget_s=budget_s,
+                                              on_reply=on_reply))
+
+    async def ask_holding_slot(self, metrics: Metrics, send: Send[T], body: bytes, *, budget_s: float | None,
+                               outcome: Callable[[T], str] = _ok) -> Asked[Held[T], Held[T]]:
+        """`ask` for a reply that outlives the call (a relayed stream): the slot stays reserved and
+        the caller releases it with `pool.release` once the reply's last byte is gone."""
+        attempt_call = self._attempts(metrics, send, body, None, outcome, hold_slot=True)
+        return Asked(*await call_with_retries(self.config.retry, attempt_call, _as_is, budget_s=budget_s))
+
+    def _attempts(self, metrics: Metrics, send: Send[T], body: Body, group: str | None,
+                  outcome: Callable[[T], str], *, hold_slot: bool) -> Callable[[Attempt], Awaitable[Any]]:
+        """One attempt: a slot, the body, the call, its outcome on the endpoint's circuit."""
+
+        async def attempt_call(attempt: Attempt) -> Any:
+            queued = time.perf_counter()
+            reservation = await self.pool.reserve(attempt.avoid, group, until=attempt.until)
+            endpoint = reservation.endpoint
             try:
-                result = await fn(endpoint)
+                attempt.slot_taken()  # the deadline may have run out as the slot came free: nothing is sent
+                metrics.queue_wait.labels(self.name).observe(time.perf_counter() - queued)
+                payload = body if isinstance(body, bytes) else await body(endpoint, attempt)
+                reply = await send(endpoint, payload, timeout_s=attempt.timeout_s, api_key=self.config.api_key())
             except UpstreamError as err:
-                self.note_failure(endpoint, err, metrics, attempt)
+                if attempt.sent:
+                    self.note_failure(endpoint, err, metrics, attempt)
+                self.pool.release(reservation, ok=False)
                 raise
-            metrics.upstream_calls.labels(self.name, endpoint.base_url, "ok").inc()
-            return result
+            except BaseException:
+                self.pool.release(reservation, ok=False)
+                raise
+            metrics.upstream_calls.labels(self.name, endpoint.base_url, outcome(reply)).inc()
+            if hold_slot:
+                return reservation, reply
+            self.pool.release(reservation, ok=True)
+            return reply
+
+        return attempt_call
 
     def note_failure(self, endpoint: Endpoint, err: UpstreamError, metrics: Metrics, attempt: Attempt) -> None:
         # 429 is back-pressure and a 4xx is our request's fault: neither means the replica is broken.

@@ -142,6 +142,14 @@ class EndpointPool:
                 return endpoint
         return None
 
+    def has_room(self, reserve_slots: int) -> bool:
+        """Nobody is queued and more than `reserve_slots` slots are free on ready endpoints: work that
+        must never delay real requests (an invariance probe) may start."""
+        if self.waiting:
+            return False
+        cap = self.admission.max_in_flight_per_endpoint
+        return sum(max(0, cap - e.in_flight) for e in self.endpoints if e.rotation() == "ready") > reserve_slots
+
     def check_admission(self) -> None:
         """Refuse early (before any media work) when the queue is already full."""
         if self.waiting >= self.admission.max_queue:

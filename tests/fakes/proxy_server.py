@@ -42,7 +42,7 @@ class ProxyServerThread:
     def flush_audit(self) -> None:
         """Return once every audit line queued so far is in the file (the writer thread is done with
         it): a test reading the log right after its requests reads them all, deterministically."""
-        self.app.state.audit.flush()
+        self.app.state.services.audit.flush()
 
     def __enter__(self) -> ProxyServerThread:
         return self.start()

@@ -168,7 +168,7 @@ async def test_thousand_concurrent_requests_complete_with_bounded_memory(
     assert [r.status_code for r in responses].count(200) == 1000
     assert grown_mb < 300, f"peak RSS grew {grown_mb:.0f} MB"
     await asyncio.to_thread(server.stop)  # probes still in flight are cancelled (never anyone's answer)
-    probes = server.app.state.metrics.quality_probes
+    probes = server.app.state.services.metrics.quality_probes
     counted = {(labels["probe"], labels["outcome"]): sample.value for metric in probes.collect()
                for sample in metric.samples if sample.name.endswith("_total") for labels in [sample.labels]}
     dropped = sum(v for (_, outcome), v in counted.items() if outcome.startswith("dropped"))

@@ -130,11 +130,11 @@ def test_a_duplicated_config_key_is_an_error_naming_it_and_its_line(tmp_path):
 
 
 # -- one error shape -----------------------------------------------------------------------------
-def test_an_unexpected_exception_is_a_500_in_the_error_shape(proxy_server, client, caplog):
-    async def broken(*args, **kwargs):
+def test_an_unexpected_exception_is_a_500_in_the_error_shape(proxy_server, client, caplog, monkeypatch):
+    def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    proxy_server.app.state.scorer.score = broken
+    monkeypatch.setattr(proxy_server.app.state.services.registry, "resolve", broken)  # undone after this test
     response = client.post("/score", json=EPISODE, headers={"x-request-id": "bug-1"})
     assert response.status_code == 500 and response.headers["x-request-id"] == "bug-1"
     error = response.json()["error"]

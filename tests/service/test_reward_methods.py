@@ -129,7 +129,7 @@ def test_the_words_are_tokenized_once_per_endpoint(stack):
 
 
 def test_concurrent_first_requests_tokenize_each_word_once_and_stale_ids_are_no_score(stack):
-    stack.proxy.app.state.scorer.answer_tokens.forget(stack.fake.base_url)  # as if this endpoint were new
+    stack.proxy.app.state.services.answer_tokens.forget(stack.fake.base_url)  # as if this endpoint were new
     stack.fake.config.label_logprobs = {"True": math.log(0.6), "False": math.log(0.3)}
     items = [{"task_text": TASK, "frames_npy": FRAMES, "backend": "p_done"} for _ in range(6)]
     results = stack.http.post("/score/batch", json={"items": items}).json()["results"]
@@ -146,7 +146,7 @@ def test_concurrent_first_requests_tokenize_each_word_once_and_stale_ids_are_no_
         assert again.status_code == 200 and again.json()["probability"]["token_ids"] == [11, 12], again.text
     finally:
         stack.fake.config.vocab = {**stack.fake.config.vocab, "True": TRUE_ID, "False": FALSE_ID}
-        stack.proxy.app.state.scorer.answer_tokens.forget(stack.fake.base_url)
+        stack.proxy.app.state.services.answer_tokens.forget(stack.fake.base_url)
 
 
 def test_a_slow_tokenize_ends_at_the_callers_budget_and_keeps_the_others_lookup(
