@@ -98,6 +98,7 @@ class FakeState:
     label_fn: Callable[[dict], dict[str, float]] | None = None  # body → {word: logprob} (label_logprobs)
     running: int = 0
     max_running_seen: int = 0
+    max_chats_seen: int = 0  # chat requests being answered at once, held or delayed ones included
     chat_count: int = 0
     readiness_gets: int = 0  # GET /health and GET /v1/models answered
     released: set[str] = field(default_factory=set)  # named holds the test let go (POST /_fake/release)
@@ -122,6 +123,7 @@ class FakeVLLM:
         self.state.requests.clear()
         self.state.chat_count = 0
         self.state.max_running_seen = 0
+        self.state.max_chats_seen = 0
 
     @property
     def chat_requests(self) -> list[dict]:
@@ -157,6 +159,7 @@ class FakeVLLM:
                 chat = path.endswith("/chat/completions")
                 if chat:
                     self._chat_readers.add(reader)
+                    self.state.max_chats_seen = max(self.state.max_chats_seen, len(self._chat_readers))
                 try:
                     keep_open = await self._dispatch(method, path, headers, raw_body, writer)
                 finally:
