@@ -36,6 +36,7 @@ from rlinf_client._exceptions import (
     make_status_error,
 )
 from tests.client._support import FakeProxy, error_response, frame_tag, read_body, score_body, tagged_frames
+from tests.helpers import HANG_S, wait_until
 from vlm_protocol.wire import BUDGET_HEADER, MAX_RETRY_AFTER_S, parse_retry_after
 
 FRAMES = tagged_frames(0, range(40), size=8)
@@ -495,7 +496,7 @@ async def test_cancel_while_the_body_is_built_still_deletes_the_temp_mp4(tmp_pat
         entered.set()
         body = real(episode, cfg, *rest)
         built.append(body.temp_video)
-        release.wait(10)
+        release.wait(HANG_S)  # the test sets it once the call is cancelled; the bound only stops a hang
         return body
 
     monkeypatch.setattr(_base_client, "build_request_body", slow_build)
@@ -503,15 +504,14 @@ async def test_cancel_while_the_body_is_built_still_deletes_the_temp_mp4(tmp_pat
     async with client_for(fake, transport="path", temp_video_dir=str(tmp_path),
                           batch=batch) as client:
         task = asyncio.ensure_future(client.score_episodes([(FRAMES, "t", 0.0)]))
-        assert await asyncio.to_thread(entered.wait, 10)
+        assert await asyncio.to_thread(entered.wait, HANG_S)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         release.set()
-        for _ in range(100):  # the thread finishes, then its temp MP4 goes
-            if built and not list(tmp_path.iterdir()):
-                break
-            await asyncio.sleep(0.05)
+        # the thread finishes, then its temp MP4 goes (polled off the loop, which may do the deleting)
+        await asyncio.to_thread(wait_until, lambda: built and not list(tmp_path.iterdir()), HANG_S,
+                                "the temp MP4 deleted")
     assert len(built) == 1 and built[0] is not None and list(tmp_path.iterdir()) == []
     assert fake.score_requests == []
 

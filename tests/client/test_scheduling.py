@@ -15,7 +15,7 @@ import pytest
 from rlinf_client import AsyncRewardClient, AuthenticationError, Episode, RewardClient
 from rlinf_client import _constants as C
 from tests.fakes.episodes import episode_frames
-from tests.helpers import wait_until
+from tests.helpers import HANG_S, wait_until
 from vlm_protocol.wire import BUDGET_HEADER
 
 QWEN = "qwen2_5_vl_vllm"
@@ -100,7 +100,7 @@ async def test_cancel_mid_batch_releases_every_slot_and_body(proxy_server, fake_
     fake_qwen.config.latency_base_s = 0.5
     async with AsyncRewardClient(cfg(proxy_server, batch=batch)) as client:
         task = asyncio.ensure_future(client.score_episodes([Episode(SMALL, "t", 0.0)] * (3 * CONCURRENCY)))
-        await asyncio.to_thread(wait_until, lambda: fake_qwen.fake.state.chat_count >= 1, 30,
+        await asyncio.to_thread(wait_until, lambda: fake_qwen.fake.state.chat_count >= 1, HANG_S,
                                 "the first episode to reach vLLM")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

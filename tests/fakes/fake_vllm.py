@@ -13,6 +13,7 @@ Behaviour per chat request: the next scripted action if any, else the default re
     {"hang_s": 30}                                   answer nothing for that long
     {"reply": "a b c", "word_delay_s": 1}            (stream: true) a pause after each word
     {"hold": threading.Event()}                      (in-process) answer once the test sets it
+    {"hold": "name"}                                 answer once POST /_fake/release {"hold": "name"}
                                                      (FakeConfig.tokenize_hold: the same for /tokenize)
     {"reply": "True", "ignore_label_ids": true}      logprobs as if logprob_token_ids were not sent
 Like stock vLLM it answers 401 on /v1/* without the bearer token when `api_key` is set, 404 for an
@@ -23,7 +24,8 @@ data URL that is not strict base64, and it keeps only --media-io-kwargs num_fram
 POST /tokenize (at the root, as vLLM) numbers words by FakeConfig.vocab; `logprob_token_ids`
 answers those tokens' logprobs at the first token (FakeConfig.label_logprobs or FakeState.label_fn).
 Control over HTTP (for fakes run as subprocesses): POST /_fake/script {"actions": [...]},
-POST /_fake/config {...FakeConfig fields}, POST /_fake/reset, GET /_fake/requests.
+POST /_fake/config {...FakeConfig fields}, POST /_fake/reset, POST /_fake/release {"hold": "name"},
+GET /_fake/requests.
 Run standalone: python -m tests.fakes.fake_vllm --port 8001 --served-model-name NAME
 """
 
@@ -96,8 +98,10 @@ class FakeState:
     label_fn: Callable[[dict], dict[str, float]] | None = None  # body → {word: logprob} (label_logprobs)
     running: int = 0
     max_running_seen: int = 0
+    max_chats_seen: int = 0  # chat requests being answered at once, held or delayed ones included
     chat_count: int = 0
     readiness_gets: int = 0  # GET /health and GET /v1/models answered
+    released: set[str] = field(default_factory=set)  # named holds the test let go (POST /_fake/release)
 
 
 class FakeVLLM:
@@ -119,6 +123,7 @@ class FakeVLLM:
         self.state.requests.clear()
         self.state.chat_count = 0
         self.state.max_running_seen = 0
+        self.state.max_chats_seen = 0
 
     @property
     def chat_requests(self) -> list[dict]:
@@ -154,6 +159,7 @@ class FakeVLLM:
                 chat = path.endswith("/chat/completions")
                 if chat:
                     self._chat_readers.add(reader)
+                    self.state.max_chats_seen = max(self.state.max_chats_seen, len(self._chat_readers))
                 try:
                     keep_open = await self._dispatch(method, path, headers, raw_body, writer)
                 finally:
@@ -216,6 +222,8 @@ class FakeVLLM:
                 setattr(self.state.config, key, value)
         elif path == "/_fake/reset":
             self.reset()
+        elif path == "/_fake/release":
+            self.state.released.add(json.loads(raw_body)["hold"])
         elif path == "/_fake/requests":
             await _send_json(writer, 200, {
                 "requests": [r.body for r in self.state.requests],
@@ -249,7 +257,7 @@ class FakeVLLM:
         None when the reply should go out normally."""
         if action.get("delay_s"):
             await asyncio.sleep(action["delay_s"])
-        while "hold" in action and not action["hold"].is_set():  # until the test lets it go
+        while "hold" in action and not self._released(action["hold"]):  # until the test lets it go
             await asyncio.sleep(0.01)
         if "hang_s" in action:
             await asyncio.sleep(action["hang_s"])
@@ -274,6 +282,10 @@ class FakeVLLM:
                                                     "ServiceUnavailableError", status), extra)
             return True
         return None
+
+    def _released(self, hold: threading.Event | str) -> bool:
+        """An event is set by an in-process test; a name, by a test driving a subprocess over HTTP."""
+        return hold in self.state.released if isinstance(hold, str) else hold.is_set()
 
     async def _embeddings(self, headers, raw_body, writer) -> bool:
         """Like `vllm serve --runner pooling --convert embed`: one vector per conversation. The

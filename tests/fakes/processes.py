@@ -124,6 +124,10 @@ class FakeProcess(_Process):
     def reset(self) -> None:
         self._control("reset", {})
 
+    def release(self, hold: str) -> None:
+        """Let every reply scripted with {"hold": hold} go (it waits for this, however long it takes)."""
+        self._control("release", {"hold": hold})
+
     def chat_count(self) -> int:
         return self._control("requests")["chat_count"]
 

@@ -10,6 +10,8 @@ import httpx
 
 from tests.conftest import libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
+from tests.fakes.proxy_server import ProxyServerThread
+from tests.helpers import HANG_S
 
 EPISODE = {"task_text": "put the bowl on the plate", "frames_npy": npy_b64(episode_frames(4, 64, 64))}
 BACKEND = "qwen2_5_vl_vllm"
@@ -26,6 +28,16 @@ def one_backend(endpoints: list[str], media_root: Path, retry: dict[str, Any] | 
     del data["backends"]["PRIMO-R1"]
     data["backends"][BACKEND]["retry"].update(retry or {})
     return data
+
+
+def patient(proxy: ProxyServerThread, backend: str = BACKEND) -> None:
+    """From the next request on, give `backend` of the in-process proxy a per-call timeout and a
+    deadline of the hang bound. A test whose short timeout is the behaviour under test (a frozen
+    or hung vLLM) calls this before asking for a success, so that success never depends on how
+    fast a loaded machine answers. Config models are frozen, so the backend gets a new copy."""
+    entry = proxy.app.state.registry.backends[backend]
+    retry = entry.config.retry.model_copy(update={"timeout_s": HANG_S, "deadline_s": 2 * HANG_S})
+    entry.config = entry.config.model_copy(update={"retry": retry})
 
 
 STATUS_OF = {"upstream_unavailable": 503, "upstream_timeout": 504, "upstream_bad_response": 502,

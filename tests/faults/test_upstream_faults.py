@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import QWEN_REPLY
 from tests.fakes.processes import completion, http_bytes, metric_sum, metrics, wait_circuits_closed
-from tests.faults.common import EPISODE, one_backend, outcome
+from tests.faults.common import EPISODE, one_backend, outcome, patient
 
 GOOD = http_bytes(200, json.dumps(completion(QWEN_REPLY)).encode())
 
@@ -80,6 +80,7 @@ def test_429_with_an_hour_of_retry_after_is_bounded_by_the_deadline(fake_proc, p
 
 def http_ok_after(proxy, fake) -> bool:
     fake.reset()
+    patient(proxy)  # the 2 s deadline above is the behaviour under test; this success must not race it
     return outcome(_post(proxy)) == "ok"
 
 

@@ -4,7 +4,6 @@ import asyncio
 import contextlib
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from proxy.config import QualityConfig, settings_from_dict
 from tests.conftest import QWEN_MODEL, QWEN_REPLY, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
-from tests.helpers import release_when
+from tests.helpers import HANG_S, release_when, wait_until
 
 EPISODE = {"task_text": "t", "frames_npy": npy_b64(episode_frames(6, 56, 56))}
 
@@ -94,10 +93,8 @@ def test_circuit_opens_on_a_failing_replica_and_closes_when_it_recovers(
         assert endpoint["circuit"] == "open"
         bad.fake.state.actions.clear()
         bad.config.healthy = True  # recovers: the background probe closes the circuit
-        deadline = time.monotonic() + 5
-        while http.get("/health").json()["backends"]["qwen2_5_vl_vllm"]["endpoints"][0]["circuit"] != "closed":
-            assert time.monotonic() < deadline, "circuit never closed"
-            time.sleep(0.1)
+        wait_until(lambda: http.get("/health").json()["backends"]["qwen2_5_vl_vllm"]["endpoints"][0]["circuit"]
+                   == "closed", HANG_S, "the circuit closed by a good probe")
         for _ in range(10):
             http.post("/score", json=EPISODE)
     assert len(bad.chat_requests) > calls_while_open  # back in rotation
@@ -108,8 +105,10 @@ async def test_replica_killed_mid_batch_every_item_still_scores(
     first, second = (fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, latency_base_s=0.2)
                      for _ in range(2))
     server = proxy_factory(_settings([first.base_url, second.base_url], fake_primo.base_url, media_root,
+                                     # the killed replica's calls fail at once (connections reset);
+                                     # the timeouts only bound a hang, so the survivor may be slow
                                      retry={"attempts": 6, "parse_attempts": 1, "backoff_s": [0.01, 0.1],
-                                            "timeout_s": 5, "deadline_s": 30},
+                                            "timeout_s": HANG_S, "deadline_s": 2 * HANG_S},
                                      admission={"max_in_flight_per_endpoint": 8, "max_queue": 100}))
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
         batch = asyncio.create_task(http.post("/score/batch", json={"items": [EPISODE] * 60}))
@@ -122,17 +121,25 @@ async def test_replica_killed_mid_batch_every_item_still_scores(
 
 
 async def test_full_queue_answers_429_with_retry_after(proxy_factory, fake_vllm_factory, fake_primo, media_root):
-    slow = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY, latency_base_s=0.5)
+    # Overlap, not time: the replica holds every reply until the proxy has answered 7 of the 12 (2 in
+    # flight and 3 queued fill the admission; the rest must be refused). A fixed latency would let a
+    # slow machine, sending the 12 over longer than a reply takes, never fill the queue.
+    slow = fake_vllm_factory(served_model_name=QWEN_MODEL, default_text=QWEN_REPLY)
+    release = threading.Event()
+    slow.script(*[{"hold": release}] * 12)
     server = proxy_factory(_settings([slow.base_url], fake_primo.base_url, media_root,
                                      admission={"max_in_flight_per_endpoint": 2, "max_queue": 3}))
-    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-        responses = await asyncio.gather(*(http.post("/score", json=EPISODE) for _ in range(12)))
+    async with httpx.AsyncClient(base_url=server.url, timeout=HANG_S * 2) as http:
+        posts = [asyncio.ensure_future(http.post("/score", json=EPISODE)) for _ in range(12)]
+        with release_when(lambda: sum(p.done() for p in posts) >= 7, release, HANG_S, "7 answered at once") as seen:
+            responses = await asyncio.gather(*posts)
         metrics = (await http.get("/metrics")).text
+    assert seen["met"]
     statuses = sorted(r.status_code for r in responses)
     assert statuses.count(200) >= 5 and 429 in statuses
     rejected = next(r for r in responses if r.status_code == 429)
     assert rejected.json()["error"]["code"] == "overloaded" and int(rejected.headers["retry-after"]) >= 1
-    assert slow.fake.state.max_running_seen <= 2  # the replica was never flooded past its cap
+    assert slow.fake.state.max_chats_seen <= 2  # the replica was never flooded past its cap
     assert 'vlm_proxy_requests_total{backend="qwen2_5_vl_vllm",outcome="overloaded",route="/score"}' in metrics
 
 

@@ -180,8 +180,11 @@ def _in_flight(http: httpx.Client) -> int:
 
 @pytest.mark.parametrize("when", ["before the first byte", "after the first byte"])
 def test_a_client_leaving_a_stream_frees_the_slot_and_closes_upstream(client, proxy_server, fake_qwen, when):
-    action = ({"reply": "slow", "delay_s": 30} if when == "before the first byte"
-              else {"reply": "one two three four five", "word_delay_s": 5})
+    # vLLM's reply does not end while the test runs: a reply that ended on its own (after 30 s, or
+    # five words 5 s apart) would free the slot and the call within the waits below even if the
+    # proxy never noticed the client leave.
+    action = ({"reply": "slow", "delay_s": 3600} if when == "before the first byte"
+              else {"reply": "one two three four five", "word_delay_s": 3600})
     fake_qwen.script(action)
     body = json.dumps({"model": QWEN_MODEL, "messages": [{"role": "user", "content": "x"}],
                        "stream": True}).encode()

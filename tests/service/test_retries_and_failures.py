@@ -92,7 +92,8 @@ def test_slow_upstream_times_out_with_504(proxy_factory, fake_qwen, fake_primo, 
     data = libero_settings_dict([fake_qwen.base_url], [fake_primo.base_url], media_root)
     data["backends"]["qwen2_5_vl_vllm"]["retry"].update(timeout_s=0.2, attempts=2)
     server = proxy_factory(settings_from_dict(data))
-    fake_qwen.script({"delay_s": 1.0}, {"delay_s": 1.0})
+    # No reply while the test runs: a fixed 1 s delay could arrive first if the 0.2 s timer fired late.
+    fake_qwen.script({"hang_s": 3600}, {"hang_s": 3600})
     with httpx.Client(base_url=server.url, timeout=30) as http:
         response = http.post("/score", json=EPISODE)
     assert response.status_code == 504
