@@ -4,12 +4,14 @@ what the key is called now; the new name loads silently; both spellings give the
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
 from proxy.config import settings_from_dict
 from proxy.config.settings import FramesConfig, ProxySettings
 from proxy.errors import ConfigError
+from tests.helpers import REPO
 
 # The table of docs/configuration.md ("Renamed keys"): (section, old key, new key, a value).
 RENAMED = [
@@ -61,3 +63,12 @@ def test_the_table_is_every_rename_the_models_declare():
     declared |= {("frames", old, new) for old, new in FramesConfig.renamed.items()}
     assert declared == {(section, old, new) for section, old, new, _ in RENAMED}
 
+
+
+def test_the_docs_table_lists_every_rename():
+    text = (REPO / "docs" / "configuration.md").read_text()
+    section = text[text.index("## Renamed keys"):text.index("## `proxy`")]
+    rows = re.findall(r"^\| `([\w.<>]+)`[^|]*\| `([\w.]+)` \|", section, flags=re.MULTILINE)
+    documented = {(old.split(".")[-2], old.split(".")[-1], new.split(".")[-1]) for old, new in rows
+                  if not old.startswith("reward_model.")}
+    assert documented == {(section, old, new) for section, old, new, _ in RENAMED}
