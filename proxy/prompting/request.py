@@ -120,8 +120,10 @@ def _rules_id(cfg: BackendConfig) -> str:
 def frame_rules_of(name: str, cfg: BackendConfig) -> FrameRules:
     """The backend's frame rules as GET /frame-rules publishes them (and `frame_limits` applies)."""
     frames = cfg.frames
-    return FrameRules(backend=name, layout=cfg.layout or "", nframes=frames.nframes, max_nframes=frames.clamp_nframes_to,
-                      max_pixels=frames.max_pixels, min_pixels=frames.video_min_pixels,
+    # The wire keeps qwen-vl-utils' names (clients read them); the config's names say what each bounds.
+    return FrameRules(backend=name, layout=cfg.layout or "", nframes=frames.nframes,
+                      max_nframes=frames.clamp_nframes_to, max_pixels=frames.max_pixels,
+                      min_pixels=frames.video_min_pixels,
                       video_max_pixels=frames.video_max_pixels, total_pixels=frames.video_total_pixels,
                       image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout or ""),
                       jpeg_quality=frames.jpeg_quality)
