@@ -10,7 +10,7 @@ holds the score → reward rules (training curves: `reports`, outside the client
 """
 
 from rlinf_client._client import AsyncRewardClient, RewardClient
-from rlinf_client._config import RewardModelConfig
+from rlinf_client._config import RewardModelConfig, RewardModelOptions
 from rlinf_client._exceptions import (
     APIConnectionError,
     APIResponseValidationError,
@@ -71,6 +71,7 @@ __all__ = [
     "RewardClientError",
     "RewardConfigError",
     "RewardModelConfig",
+    "RewardModelOptions",
     "ServiceUnavailableError",
     "UnprocessableEntityError",
     "env_frames_from_obs",

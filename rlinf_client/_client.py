@@ -13,18 +13,21 @@ import concurrent.futures
 import logging
 import threading
 import weakref
-from collections.abc import Coroutine, Iterable
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from rlinf_client import _constants as C
 from rlinf_client._base_client import TransportCore
-from rlinf_client._config import RewardModelConfig
+from rlinf_client._config import RewardModelConfig, RewardModelOptions
 from rlinf_client._exceptions import APIConnectionError, APITimeoutError, make_status_error
 from rlinf_client._progress import progress_episodes
 from rlinf_client._scheduler import Scheduler
 from rlinf_client._types import ClientStats, Episode, EpisodeProgress, EpisodeScore
+
+if TYPE_CHECKING:  # for type checkers and IDEs only: the keyword arguments' names and types
+    from typing_extensions import Unpack
 
 __all__ = ["AsyncRewardClient", "RewardClient"]
 
@@ -34,7 +37,7 @@ T = TypeVar("T")
 EpisodeLike = Episode | tuple | dict
 
 
-def _config(config: RewardModelConfig | Any, overrides: dict[str, Any]) -> RewardModelConfig:
+def _config(config: RewardModelConfig | Mapping[str, Any] | None, overrides: RewardModelOptions) -> RewardModelConfig:
     if isinstance(config, RewardModelConfig):
         return config.replace(**overrides) if overrides else config
     return RewardModelConfig.from_mapping(config, **overrides)
@@ -52,12 +55,14 @@ class AsyncRewardClient:
     """Scores finished episodes through the proxy's POST /score (or /score/batch).
 
     `config`: a RewardModelConfig, a mapping (RLinf's `reward_model` block) or None; keyword
-    overrides replace single fields. `http_client` / `http_transport` inject httpx pieces (tests).
+    arguments (the same keys, typed in RewardModelOptions) replace single fields.
+    `http_client` / `http_transport` inject httpx pieces (tests).
     """
 
-    def __init__(self, config: RewardModelConfig | Any = None, *,
+    def __init__(self, config: RewardModelConfig | Mapping[str, Any] | None = None, *,
                  http_client: httpx.AsyncClient | None = None,
-                 http_transport: httpx.AsyncBaseTransport | None = None, **overrides: Any) -> None:
+                 http_transport: httpx.AsyncBaseTransport | None = None,
+                 **overrides: Unpack[RewardModelOptions]) -> None:
         self.config = _config(config, overrides)
         self.stats = ClientStats()
         self._core = TransportCore(self.config, http_client, http_transport, self.stats)
@@ -76,13 +81,13 @@ class AsyncRewardClient:
     async def score_episode(self, frames: Any, task_text: str, *, fallback: float | None = None,
                             extra_view: Any = None) -> EpisodeScore:
         """Score one episode within `timeout` (`extra_view`: a second camera's frames of the same
-        steps). Raises on failure only with `fail_on_request_error`."""
+        steps). Raises on failure only with `fallback: raise`."""
         [result] = await self._scheduler.run([Episode(frames, task_text, fallback, extra_view=extra_view)])
         return result
 
     async def score_episodes(self, episodes: Iterable[EpisodeLike]) -> list[EpisodeScore]:
         """Score many episodes at once (concurrent /score calls, or /score/batch when the proxy
-        has it); results in input order, all within one `timeout`. With `fail_on_request_error`
+        has it); results in input order, all within one `timeout`. With `fallback: raise`
         the first failure cancels the rest and is raised."""
         return await self._scheduler.run([_as_episode(e) for e in episodes])
 
@@ -114,8 +119,9 @@ class AsyncRewardClient:
 class RewardClient:
     """The blocking flavour: same API and behaviour as `AsyncRewardClient`."""
 
-    def __init__(self, config: RewardModelConfig | Any = None, *,
-                 http_transport: httpx.AsyncBaseTransport | None = None, **overrides: Any) -> None:
+    def __init__(self, config: RewardModelConfig | Mapping[str, Any] | None = None, *,
+                 http_transport: httpx.AsyncBaseTransport | None = None,
+                 **overrides: Unpack[RewardModelOptions]) -> None:
         self.config = _config(config, overrides)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=_run_loop, args=(self._loop,),

@@ -2,23 +2,30 @@
 
 Read it from RLinf's config with `RewardModelConfig.from_mapping(cfg.reward_model)` (a plain dict
 or an OmegaConf node); unknown keys are refused so a typo cannot silently fall back to a default.
+`RewardModelOptions` names the same keys with their types, for the clients' keyword arguments.
+
+The seed's `fail_on_request_error` and `fallback: raise` are one switch: `fallback` holds it, and
+the seed's key is still read (true: `fallback: raise`), with one log line naming `fallback`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from rlinf_client import _constants as C
 from rlinf_client._exceptions import RewardConfigError
 from vlm_protocol import strict_yaml
 
-__all__ = ["RewardModelConfig"]
+__all__ = ["RewardModelConfig", "RewardModelOptions"]
+
+log = logging.getLogger("rlinf_client")
 
 Transport = Literal["inline", "path", "binary"]
 FrameEncoding = Literal["auto", "raw"]
@@ -45,18 +52,20 @@ class RewardModelConfig:
     backend: str | None = None  # None = the proxy's default backend
     backend_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     video_fps: float = C.DEFAULT_VIDEO_FPS  # rate the sampled clip is presented at
-    fail_on_request_error: bool = False  # True: raise (= fallback: raise); False: the fallback below
+    # The seed's spelling of `fallback: raise` (true) or of leaving `fallback` unset (false): read
+    # into `fallback` at load, not kept. Reading it back gives `fallback == "raise"`.
+    fail_on_request_error: dataclasses.InitVar[bool | None] = None
     binary_reward: bool = True
     success_threshold: float = C.DEFAULT_SUCCESS_THRESHOLD
     keep_temp_video: bool = False  # transport: path only
     temp_video_dir: str | None = None  # transport: path only; must be readable by the proxy
     # -- additions ---------------------------------------------------------------------------
     # What a failed episode is rewarded with, chosen explicitly (counted in env/vlm_fallback):
-    #   raise        stop the run with the typed error (= fail_on_request_error: true)
+    #   raise        stop the run with the typed error
     #   zero         a score of 0.0
     #   env_success  the simulator's success flag: run A's ground truth leaking into a VLM run,
     #                so never the default
-    # None: raise when fail_on_request_error is true, else zero.
+    # None: zero. The seed's fail_on_request_error: true sets it to raise.
     fallback: Fallback | None = None
     # What an episode gets when the proxy's answer says its (run, backend, task) is in quality alarm
     # (the reward disagrees with the simulator's success beyond a bound: the policy may be hacking it),
@@ -107,11 +116,28 @@ class RewardModelConfig:
     # The proxy's bearer token (proxy.api_key_env); None = the VLM_REWARD_PROXY_API_KEY variable.
     api_key: str | None = dataclasses.field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, fail_on_request_error: bool | None) -> None:
         # A private read-only copy: no mutable default shared between configs.
         object.__setattr__(self, "backend_kwargs", MappingProxyType(dict(self.backend_kwargs or {})))
         object.__setattr__(self, "endpoint", str(self.endpoint).rstrip("/"))
+        object.__setattr__(self, "fallback", self._fallback_with(fail_on_request_error))
         self._validate()
+
+    def _fallback_with(self, fail_on_request_error: bool | None) -> Fallback | None:
+        """`fallback`, with the seed's switch read into it: one policy, whichever key set it."""
+        if fail_on_request_error is None:
+            return self.fallback
+        if not isinstance(fail_on_request_error, bool):
+            # A quoted "false" is a true string: it would stop the run where the file says not to.
+            raise RewardConfigError(f"reward_model: fail_on_request_error must be true or false (unquoted), "
+                                    f"got {fail_on_request_error!r}")
+        if fail_on_request_error and self.fallback not in (None, "raise"):
+            raise RewardConfigError(f"reward_model: fail_on_request_error: true means fallback: raise, but fallback "
+                                    f"is {self.fallback!r}; set only fallback")
+        fallback = "raise" if fail_on_request_error else self.fallback
+        log.warning("reward_model: fail_on_request_error is the seed's name for fallback: read as fallback: %s "
+                    "(write that instead)", fallback or "unset (zero)")
+        return fallback
 
     def _validate(self) -> None:
         problems = []
@@ -119,7 +145,7 @@ class RewardModelConfig:
             problems.append(f"endpoint must be an http(s) URL, got {self.endpoint!r}")
         # A quoted "false" is a true string: a switch that is not a YAML boolean would turn the
         # reward model on, or keep thresholding scores, against what its value reads.
-        for name in ("enable", "fail_on_request_error", "binary_reward", "keep_temp_video", "client_sampling"):
+        for name in ("enable", "binary_reward", "keep_temp_video", "client_sampling"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be true or false (unquoted), got {getattr(self, name)!r}")
         for name in ("timeout", "video_fps", "connect_timeout", "episode_fps"):
@@ -151,9 +177,6 @@ class RewardModelConfig:
             problems.append(f"batch must be 'auto' or 'never', got {self.batch!r}")
         if self.fallback is not None and self.fallback not in FALLBACKS:
             problems.append(f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
-        elif self.fail_on_request_error and self.fallback not in (None, "raise"):
-            problems.append(f"fail_on_request_error: true means fallback: raise, but fallback is {self.fallback!r}; "
-                            "set one of them")
         if self.on_quality_alarm not in QUALITY_ALARM_POLICIES:
             problems.append(f"on_quality_alarm must be one of {', '.join(QUALITY_ALARM_POLICIES)}, "
                             f"got {self.on_quality_alarm!r}")
@@ -195,7 +218,7 @@ class RewardModelConfig:
         if not isinstance(data, dict):
             raise RewardConfigError(f"reward_model must be a mapping, got {type(mapping).__name__}")
         data.update(overrides)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = set(RewardModelOptions.__annotations__)
         unknown = sorted(set(data) - known)
         if unknown:
             raise RewardConfigError(f"reward_model: unknown key(s) {', '.join(unknown)}; "
@@ -218,6 +241,8 @@ class RewardModelConfig:
         return cls.from_mapping(data)
 
     def replace(self, **changes: Any) -> RewardModelConfig:
+        # The seed's switch is already in `fallback`: read again, it would log its line again.
+        changes.setdefault("fail_on_request_error", None)
         return dataclasses.replace(self, **changes)
 
     # -- derived URLs ----------------------------------------------------------------------------
@@ -251,11 +276,56 @@ class RewardModelConfig:
 
     @property
     def failure_policy(self) -> Fallback:
-        """What a failed episode gets: `fallback` if set, else the seed's fail_on_request_error."""
-        return self.fallback or ("raise" if self.fail_on_request_error else "zero")
+        """What a failed episode gets (`fallback`, set by it or by the seed's fail_on_request_error)."""
+        return self.fallback or "zero"
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get(C.API_KEY_ENV) or None
+
+
+# Code written for the seed reads `config.fail_on_request_error`; the dataclass keeps no such field
+# (it is an InitVar, read into `fallback`), so the name answers from `fallback` instead.
+RewardModelConfig.fail_on_request_error = property(  # type: ignore[assignment]
+    lambda self: self.fallback == "raise", doc="The seed's name for `fallback == 'raise'`.")
+
+
+class RewardModelOptions(TypedDict, total=False):
+    """The `reward_model` keys with their types: what the clients take as keyword arguments.
+    `RewardModelConfig` has the defaults and the meaning of each (tests/client/test_config.py keeps
+    the two lists equal)."""
+
+    enable: bool
+    endpoint: str
+    timeout: float
+    nframes: int
+    max_pixels: int
+    backend: str | None
+    backend_kwargs: Mapping[str, Any]
+    video_fps: float
+    fail_on_request_error: bool | None
+    binary_reward: bool
+    success_threshold: float
+    keep_temp_video: bool
+    temp_video_dir: str | None
+    fallback: Fallback | None
+    on_quality_alarm: OnQualityAlarm
+    episode_fps: float
+    transport: Transport
+    client_sampling: bool
+    frame_encoding: FrameEncoding
+    buffer_frames: int
+    frame_stride: int
+    max_concurrency: int
+    max_retries: int
+    connect_timeout: float
+    batch: BatchMode
+    run: str | None
+    dense_points: int
+    extra_view: str | None
+    reward_source: RewardSource
+    progress_coef: float
+    on_no_reference: OnNoReference
+    api_key: str | None
 
 
 def _to_plain(node: Any) -> Any:

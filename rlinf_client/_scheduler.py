@@ -56,7 +56,7 @@ Outcome = tuple[float, dict] | tuple[float, dict, tuple] | RewardClientError
 
 
 class _Stop(Exception):
-    """fail_on_request_error: the first failure ends the call."""
+    """fallback: raise: the first failure ends the call."""
 
     def __init__(self, error: RewardClientError) -> None:
         self.error = error

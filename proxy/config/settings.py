@@ -39,13 +39,17 @@ log = logging.getLogger(__name__)
 Layout = Literal["qwen_video", "primo_interleave", "images", "shuffled_images"]
 ScoreMode = Literal[SCORE_MODES]  # meanings in proxy/answers/scales.py
 class ProxySettings(_Strict):
+    renamed = {"max_nframes": "nframes_limit"}
+    section = "proxy."
+
     host: str = "127.0.0.1"
     port: int = Field(18080, ge=0, le=65535)
     # video_path is only read under these roots (after resolving symlinks); empty = no paths.
     allowed_media_roots: list[Path] = Field(default_factory=list)
     max_body_mb: float = Field(64.0, gt=0)
-    # Caps on what one request may ask for, whatever the backend defaults say.
-    max_nframes: PositiveInt = 128
+    # Caps on what one request may ask for, whatever the backend defaults say: a `*_limit` refuses a
+    # request above it (422), where a backend's frames.clamp_nframes_to lowers it.
+    nframes_limit: PositiveInt = 128
     max_inline_frames: PositiveInt = 2048
     max_pixels_limit: PositiveInt = 1_605_632  # 2048 * 28 * 28
     max_source_pixels: PositiveInt = 4096 * 4096  # decoded frame size cap (decompression bombs)
@@ -97,16 +101,25 @@ class SamplingConfig(_Strict):
 
 
 class FramesConfig(_Strict):
-    """Which frames go to the model, at what size and what rate (vlm_protocol.frames has the rules)."""
+    """Which frames go to the model, at what size and what rate (vlm_protocol.frames has the rules).
+
+    The pixel keys say what they bound: `max_pixels` is the per-frame budget of every frame (the
+    request's `max_pixels` when it gives one); `video_*` bound the frames of the video, `image_*`
+    the still images.
+    """
+
+    renamed = {"max_nframes": "clamp_nframes_to", "min_pixels": "video_min_pixels",
+               "total_pixels": "video_total_pixels"}
+    section = "frames."
 
     nframes: PositiveInt = 16
-    # Requests for more frames are clamped to this and say so (PRIMO-R1's evaluation: 22).
-    max_nframes: PositiveInt | None = None
+    # Requests for more frames are lowered to this and say so (PRIMO-R1's evaluation: 22).
+    clamp_nframes_to: PositiveInt | None = None
     # Per-frame budget, with qwen-vl-utils' meaning: it lowers the video rule's per-frame cap.
     max_pixels: PositiveInt = 200_704  # 256 * 28 * 28
-    min_pixels: PositiveInt = VIDEO_MIN_PIXELS  # the video floor (qwen-vl-utils: 128 * 28 * 28)
+    video_min_pixels: PositiveInt = VIDEO_MIN_PIXELS  # qwen-vl-utils: 128 * 28 * 28
     video_max_pixels: PositiveInt = VIDEO_MAX_PIXELS
-    total_pixels: PositiveInt = VIDEO_TOTAL_PIXELS  # budget across all frames of one video
+    video_total_pixels: PositiveInt = VIDEO_TOTAL_PIXELS  # across all frames of one video
     image_min_pixels: PositiveInt = IMAGE_MIN_PIXELS  # still images (PRIMO's first and last frame)
     jpeg_quality: int = Field(90, ge=1, le=100)
     # The fps vLLM is told, the same whatever carries the frames (MP4 path, frames, frames_npy):

@@ -111,7 +111,7 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
         score = schemas[name]["properties"]
         score["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
                             "description": "a backend's name, served model name or alias; null = the first"}
-        score["nframes"]["anyOf"][0]["maximum"] = proxy.max_nframes
+        score["nframes"]["anyOf"][0]["maximum"] = proxy.nframes_limit
         score["max_pixels"]["anyOf"][0]["maximum"] = proxy.max_pixels_limit
         score["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
         score["backend_kwargs"] = _backend_kwargs_schema(settings, prompts)
@@ -188,7 +188,7 @@ def _complete_compare(schemas: dict[str, Any], settings: Settings, prompts: Prom
     proxy, compare = settings.proxy, schemas["CompareRequest"]["properties"]
     compare["backend"] = {"anyOf": [{"enum": labels}, {"type": "null"}], "default": None,
                           "description": "a backend's name, served model name or alias; null = the first"}
-    compare["nframes"]["anyOf"][0]["maximum"] = proxy.max_nframes
+    compare["nframes"]["anyOf"][0]["maximum"] = proxy.nframes_limit
     compare["max_pixels"]["anyOf"][0]["maximum"] = proxy.max_pixels_limit
     schemas["CompareEpisode"]["properties"]["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
     store = PromptStore(prompts.directory, parser=parse_compare_template)

@@ -140,9 +140,11 @@ def _rules_id(cfg: BackendConfig) -> str:
 def frame_rules_of(name: str, cfg: BackendConfig) -> FrameRules:
     """The backend's frame rules as GET /frame-rules publishes them (and `frame_limits` applies)."""
     frames = cfg.frames
-    return FrameRules(backend=name, layout=cfg.layout or "", nframes=frames.nframes, max_nframes=frames.max_nframes,
-                      max_pixels=frames.max_pixels, min_pixels=frames.min_pixels,
-                      video_max_pixels=frames.video_max_pixels, total_pixels=frames.total_pixels,
+    # The wire keeps qwen-vl-utils' names (clients read them); the config's names say what each bounds.
+    return FrameRules(backend=name, layout=cfg.layout or "", nframes=frames.nframes,
+                      max_nframes=frames.clamp_nframes_to, max_pixels=frames.max_pixels,
+                      min_pixels=frames.video_min_pixels,
+                      video_max_pixels=frames.video_max_pixels, total_pixels=frames.video_total_pixels,
                       image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout or ""),
                       jpeg_quality=frames.jpeg_quality)
 
@@ -167,11 +169,11 @@ def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings
         raise InvalidRequest("stills are the episode's own first and last frame: they cannot go with prefix_end",
                              field="stills")
     requested = request.nframes or cfg.frames.nframes
-    if requested > proxy.max_nframes:
-        raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.max_nframes}",
+    if requested > proxy.nframes_limit:
+        raise InvalidRequest(f"nframes {requested} is over the cap of {proxy.nframes_limit}",
                              field="nframes")
     # A model trained or evaluated with at most N frames gets at most N (PRIMO-R1: 22).
-    nframes = min(requested, cfg.frames.max_nframes or requested)
+    nframes = min(requested, cfg.frames.clamp_nframes_to or requested)
     if layout_has_images(cfg.layout or "") and nframes > cfg.frames.nframes:
         # One image part per frame: the server's --limit-mm-per-prompt image count is frames.nframes.
         raise InvalidRequest(f"backend uses the {cfg.layout} layout, one image per frame; its servers take at most "
@@ -186,8 +188,8 @@ def frame_limits(request: ScoreRequest, cfg: BackendConfig, proxy: ProxySettings
                              f"{proxy.max_pixels_limit}], got {max_pixels}", field="max_pixels")
     frames = cfg.frames
     limits = FrameLimits(
-        nframes=nframes, max_pixels=max_pixels, min_pixels=frames.min_pixels,
-        video_max_pixels=frames.video_max_pixels, total_pixels=frames.total_pixels,
+        nframes=nframes, max_pixels=max_pixels, min_pixels=frames.video_min_pixels,
+        video_max_pixels=frames.video_max_pixels, total_pixels=frames.video_total_pixels,
         image_min_pixels=frames.image_min_pixels, stills=layout_has_stills(cfg.layout),
         jpeg_quality=frames.jpeg_quality, default_source_fps=frames.default_source_fps,
         max_inline_frames=proxy.max_inline_frames, max_source_pixels=proxy.max_source_pixels)

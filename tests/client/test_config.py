@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import logging
+import typing
+
 import pytest
 
-from rlinf_client import RewardConfigError, RewardModelConfig
+from rlinf_client import AsyncRewardClient, RewardClient, RewardConfigError, RewardModelConfig, RewardModelOptions
 
 SEED_BLOCK = {  # runB_qwen in the seed's fork, verbatim keys
     "enable": True, "endpoint": "http://127.0.0.1:18080/score", "timeout": 120, "nframes": 16,
@@ -100,3 +105,52 @@ def test_on_quality_alarm_defaults_to_keep_and_takes_the_three_policies():
 def test_a_bad_on_quality_alarm_names_the_allowed_values(bad):
     with pytest.raises(RewardConfigError, match=r"on_quality_alarm must be one of keep, native, raise, got "):
         RewardModelConfig.from_mapping({"on_quality_alarm": bad})
+
+
+# -- one failure switch, two spellings ------------------------------------------------------------
+def _seed_name_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "fail_on_request_error" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("seed", "new"), [
+    ({"fail_on_request_error": True}, {"fallback": "raise"}),
+    ({"fail_on_request_error": False}, {}),
+    ({"fail_on_request_error": False, "fallback": "env_success"}, {"fallback": "env_success"}),
+    ({"fail_on_request_error": True, "fallback": "raise"}, {"fallback": "raise"}),
+])
+def test_the_seeds_failure_switch_is_read_as_fallback_and_says_so_once(caplog, seed, new):
+    caplog.set_level(logging.INFO, logger="rlinf_client")
+    with_seed_name = RewardModelConfig.from_mapping(seed)
+    [line] = _seed_name_lines(caplog)
+    assert line.startswith("reward_model: fail_on_request_error is the seed's name for fallback: read as fallback: ")
+    caplog.clear()
+    with_new_name = RewardModelConfig.from_mapping(new)
+    assert _seed_name_lines(caplog) == [] and caplog.records == []
+    assert with_seed_name == with_new_name
+    assert with_seed_name.failure_policy == with_new_name.failure_policy == new.get("fallback", "zero")
+    assert with_seed_name.fail_on_request_error is (new.get("fallback") == "raise")  # seed-era code reads it
+    assert _seed_name_lines(caplog) == []  # nor does a copy read it again
+    with_seed_name.replace(nframes=8)
+    assert _seed_name_lines(caplog) == []
+
+
+def test_the_readmes_client_still_takes_the_seeds_name(caplog):
+    caplog.set_level(logging.INFO, logger="rlinf_client")
+    with RewardClient(endpoint="http://127.0.0.1:18080/score", backend="qwen2_5_vl_vllm",
+                      fail_on_request_error=True) as client:
+        assert client.config.failure_policy == "raise"
+    assert len(_seed_name_lines(caplog)) == 1
+
+
+def test_the_clients_typed_options_are_the_configs_keys():
+    """RewardModelOptions types the clients' keyword arguments (an IDE completes and checks them);
+    it must name every key RewardModelConfig reads, with the same type."""
+    hints = {f.name: f.type for f in dataclasses.fields(RewardModelConfig)}
+    hints["fail_on_request_error"] = "dataclasses.InitVar[bool | None]"
+    options = RewardModelOptions.__annotations__
+    assert set(options) == set(hints)
+    for key, declared in options.items():
+        declared = declared.__forward_arg__ if isinstance(declared, typing.ForwardRef) else declared
+        assert hints[key] in (declared, f"dataclasses.InitVar[{declared}]"), key
+    for client in (RewardClient, AsyncRewardClient):
+        assert str(inspect.signature(client).parameters["overrides"].annotation) == "Unpack[RewardModelOptions]"

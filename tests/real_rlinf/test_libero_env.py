@@ -75,7 +75,7 @@ RUN_TIMEOUT_S = 1500
 PLAN: list[dict[str, Any]] = [
     {"name": "off", "reward_model": None, "inject_success": {"1": 6}},
     {"name": "binary_rel_inline", "replies": ("49", "50"), "reward_coef": 5.0, "use_rel_reward": True,
-     "block": {}, "inject_success": {"1": 6}, "keep_frames": True},
+     "block": {"transport": "inline"}, "inject_success": {"1": 6}, "keep_frames": True},
     # Two cameras: the env's wrist_images (reward_model.extra_view) go as a second video
     # (the backend's frames.extra_view), the main view as a temp MP4 and the wrist view inline.
     {"name": "continuous_nonrel_path", "replies": ("62", "18"), "reward_coef": 2.5, "use_rel_reward": False,

@@ -48,8 +48,8 @@ def _group(stack: RealStack, cfg: BackendConfig) -> list[dict]:
     base[0] = rng.integers(0, 255, base[0].shape, dtype=np.uint8)
     prompts = Path(yaml.safe_load(stack.config_path.read_text())["proxy"]["prompts_dir"])
     system, user_text = PromptStore(prompts).get(cfg.prompt).render({"task_text": TASK})
-    limits = FrameLimits(nframes=8, max_pixels=cfg.frames.max_pixels, min_pixels=cfg.frames.min_pixels,
-                         video_max_pixels=cfg.frames.video_max_pixels, total_pixels=cfg.frames.total_pixels,
+    limits = FrameLimits(nframes=8, max_pixels=cfg.frames.max_pixels, min_pixels=cfg.frames.video_min_pixels,
+                         video_max_pixels=cfg.frames.video_max_pixels, total_pixels=cfg.frames.video_total_pixels,
                          image_min_pixels=cfg.frames.image_min_pixels, stills=True,
                          jpeg_quality=cfg.frames.jpeg_quality, default_source_fps=4.0, max_inline_frames=4096,
                          max_source_pixels=4096 * 4096)

@@ -2,7 +2,7 @@
 
 For each layout (qwen_video: Qwen backend; primo_interleave: PRIMO-R1 backend), each source
 (MP4 under allowed_media_roots, PNG frames, frames_npy) and 1, 7, 16, 40, 100 frames (PRIMO is
-clamped to its max_nframes 22), plus non-square frames and several max_pixels. The text part is
+clamped to its clamp_nframes_to 22), plus non-square frames and several max_pixels. The text part is
 measured ONCE per template: the same rendered messages without their media, sent to the real
 server's POST /tokenize (and cross-checked with a text-only chat call). The vision part is the
 Qwen2.5-VL rule applied to what the proxy says it sent (frames.count, size, still_size), which
@@ -37,7 +37,7 @@ from tests.real_vllm.stack import (
 
 pytestmark = pytest.mark.real_vllm
 
-PRIMO_MAX_NFRAMES = 22  # configs/libero.yaml frames.max_nframes (asserted below)
+PRIMO_MAX_NFRAMES = 22  # configs/libero.yaml frames.clamp_nframes_to (asserted below)
 LAYOUTS = {QWEN: "qwen_video", PRIMO: "primo_interleave"}
 
 
@@ -97,7 +97,7 @@ def _score(http: httpx.Client, stack: RealStack, case: Case) -> tuple[Case, int,
 
 
 def test_prompt_tokens_equal_text_plus_vision_tokens(real_stack: RealStack) -> None:
-    assert shipped_backends()[PRIMO]["frames"]["max_nframes"] == PRIMO_MAX_NFRAMES
+    assert shipped_backends()[PRIMO]["frames"]["clamp_nframes_to"] == PRIMO_MAX_NFRAMES
     text = _text_tokens(real_stack)
     say(f"text tokens per template (POST /tokenize == text-only chat usage): {text}")
 

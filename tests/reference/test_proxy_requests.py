@@ -305,7 +305,7 @@ def test_vllm_decodes_exactly_the_frames_the_proxy_sent(reports, exchanges, name
     count = meant["count"]
     assert count == len(meant["indices"]) == ex.body["media_io_kwargs"]["video"]["num_frames"]
     asked = ex.case.nframes or ex.backend.frames.nframes
-    assert meant["requested"] == asked and count == min(asked, ex.backend.frames.max_nframes or asked)
+    assert meant["requested"] == asked and count == min(asked, ex.backend.frames.clamp_nframes_to or asked)
     assert meant["indices"][0] == 0 and meant["indices"][-1] == ex.case.count - 1
     # the request's kwargs win over the server's num_frames -1
     assert r["media_io_kwargs"]["merged"] == ex.body["media_io_kwargs"]

@@ -21,7 +21,7 @@ def test_shipped_libero_config_loads_with_both_backends():
     primo = settings.backends["PRIMO-R1"]
     # PRIMO-R1's own evaluation (eval_interleave.py): its prompt format, decoding and budget
     assert (primo.prompt, primo.sampling.temperature, primo.sampling.top_p) == ("primo_r1_trained", 0.1, 0.001)
-    assert (primo.sampling.max_tokens, primo.max_model_len, primo.frames.max_nframes) == (4096, 16384, 22)
+    assert (primo.sampling.max_tokens, primo.max_model_len, primo.frames.clamp_nframes_to) == (4096, 16384, 22)
     qwen = settings.backends["qwen2_5_vl_vllm"]
     assert (qwen.prompt, qwen.sampling.temperature, qwen.sampling.max_tokens) == ("qwen_seed", 0.0, 64)
 

@@ -68,7 +68,7 @@ backends:
     retry:
       <<: *retry
       timeout_s: 300          # overrides the merged 120
-    frames: {{<<: *frames, max_nframes: 22}}
+    frames: {{<<: *frames, clamp_nframes_to: 22}}
   primo_b:
     <<: *primo
     endpoints: [http://127.0.0.1:8003/v1]
@@ -82,7 +82,7 @@ def test_a_config_may_share_blocks_with_anchors_and_merge_keys(tmp_path):
     qwen, primo, primo_b = (settings.backends[n] for n in ("qwen", "primo", "primo_b"))
     assert primo.retry.timeout_s == 300 and qwen.retry.timeout_s == 120  # explicit key wins over the merged one
     assert primo.retry.attempts == qwen.retry.attempts == 4
-    assert (primo.frames.nframes, primo.frames.max_nframes) == (16, 22)
+    assert (primo.frames.nframes, primo.frames.clamp_nframes_to) == (16, 22)
     assert primo_b.model == "PRIMO-R1-7B" and primo_b.layout == "primo_interleave"
     assert primo_b.endpoints != primo.endpoints
 
