@@ -5,6 +5,7 @@
     curves, report          reports/cli.py     (RLinf training curves, reward quality)
     replay                  replay.py          (re-score an audit log through the proxy's pipeline)
     eval                    evaluate.py        (compare candidate rewards on episodes with known outcomes)
+    sample-episode          sample_episode.py  (a synthetic episode MP4 where the proxy reads video_path)
 
 This package sits on top: it imports the others, none imports it. Registering a command imports
 only argparse-level code; a command's heavy dependencies load when it runs, and a missing one is
@@ -22,7 +23,7 @@ from proxy import cli as proxy_cli
 from proxy.errors import ConfigError
 from reports import cli as reports_cli
 from reports.plotting import MissingDependencyError
-from vlm_reward_cli import evaluate, replay
+from vlm_reward_cli import evaluate, replay, sample_episode
 
 __all__ = ["build_parser", "main"]
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         package.add_subcommands(commands)
     replay.add_subcommand(commands)
     evaluate.add_subcommand(commands)
+    sample_episode.add_subcommand(commands)
     return parser
 
 
