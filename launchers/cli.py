@@ -50,7 +50,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                     "stops everything (SIGTERM, then SIGKILL after --grace) and reports exit "
                     "codes. A server that dies while loading stops the whole stack.")
     up.add_argument("--config", required=True, metavar="FILE", help="proxy YAML with launch sections")
-    up.add_argument("--only", action="append", default=None, metavar="BACKEND",
+    up.add_argument("--only", action="append", default=None, metavar="NAME",
                     help="start only this backend of the config, and a proxy serving it alone (name or alias; "
                          "repeatable), e.g. --only qwen2_5_vl_vllm for run B")
     up.add_argument("--dry-run", action="store_true",
@@ -74,8 +74,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--vllm", default=None, metavar="EXE",
                     help="the vllm executable (default $VLLM_BIN, else `vllm` on PATH)")
     up.add_argument("--no-proxy", action="store_true", help="start the vLLM servers only")
-    up.add_argument("--logs", choices=["none", "proxy", "all"], default="proxy",
-                    help="child logs echoed to the console with a [name] prefix (default proxy); "
+    up.add_argument("--logs", choices=["none", "proxy", "all"], default="proxy", metavar="WHICH",
+                    help="child logs echoed to the console with a [name] prefix: none, proxy or all (default proxy); "
                          "every log is always written to the run directory")
     up.add_argument("--ray", default=None, metavar="ADDRESS",
                     help="place the replicas on this Ray cluster (e.g. auto, or HEAD_IP:6379): a placement "

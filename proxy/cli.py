@@ -58,7 +58,7 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
                        help="address to bind; default: proxy.host from the config (127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, metavar="P",
                        help="port to bind; default: proxy.port from the config (18080)")
-    serve.add_argument("--only", action="append", default=None, metavar="BACKEND",
+    serve.add_argument("--only", action="append", default=None, metavar="NAME",
                        help="serve only this backend of the config (name or alias; repeatable)")
     serve.add_argument("--endpoints", default=None, metavar="FILE",
                        help="JSON {backend: [url, ...]} replacing those backends' endpoints "

@@ -74,9 +74,9 @@ def _media_root(config: str | None) -> Path:
 def _run(args: argparse.Namespace) -> int:
     from proxy.media.file import prepare_media_roots
 
-    if args.out is not None and args.config is not None:
-        raise ConfigError("give --out or --config, not both")
-    out = Path(args.out) if args.out is not None else _media_root(args.config) / DEFAULT_NAME
+    if args.out_file is not None and args.config is not None:
+        raise ConfigError("give --out-file or --config, not both")
+    out = Path(args.out_file) if args.out_file is not None else _media_root(args.config) / DEFAULT_NAME
     out = out.absolute()
     if args.frames < 2 or not 28 <= args.size <= 1024 or not 0 < args.fps <= 1000:
         raise ConfigError("--frames must be 2 or more, --size within [28, 1024] and --fps within (0, 1000]")
@@ -97,7 +97,7 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "sample-episode", help="write a synthetic episode MP4 where the proxy reads video_path",
         description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, metavar="FILE",
+    parser.add_argument("--out-file", default=None, metavar="FILE",
                         help=f"the MP4 to write (default: {DEFAULT_MEDIA_ROOT / DEFAULT_NAME}, the shipped "
                              "configs' media root); its folder is created 0700 when missing")
     parser.add_argument("--config", default=None, metavar="FILE",
@@ -105,6 +105,6 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--frames", type=int, default=160, metavar="N", help="frames in the episode (default 160)")
     parser.add_argument("--size", type=int, default=256, metavar="PX",
                         help="frame width and height (default 256, LIBERO's camera)")
-    parser.add_argument("--fps", type=float, default=20.0, metavar="F", help="frame rate (default 20, LIBERO's)")
+    parser.add_argument("--fps", type=float, default=20.0, metavar="FPS", help="frame rate (default 20, LIBERO's)")
     parser.add_argument("--force", action="store_true", help="overwrite the file if it exists")
     parser.set_defaults(func=_run)

@@ -37,7 +37,7 @@ def test_the_sample_episode_is_scored_by_the_real_proxy(tmp_path, fake_qwen, fak
                                                         backend):
     root = tmp_path / "vlm-reward-media"  # missing: the command creates it as the proxy would
     episode = root / DEFAULT_NAME
-    assert main(["sample-episode", "--out", str(episode)]) == 0
+    assert main(["sample-episode", "--out-file", str(episode)]) == 0
     assert f"wrote {episode}" in capsys.readouterr().out
     assert stat.S_IMODE(root.stat().st_mode) == 0o700 and episode.is_file()
 
@@ -56,15 +56,15 @@ def test_an_existing_file_is_kept_unless_forced_and_an_unsafe_root_is_refused(tm
     root.mkdir(mode=0o700)
     episode = root / DEFAULT_NAME
     episode.write_bytes(b"mine")
-    assert main(["sample-episode", "--out", str(episode), "--frames", "8"]) == 2
+    assert main(["sample-episode", "--out-file", str(episode), "--frames", "8"]) == 2
     assert "exists; pass --force" in capsys.readouterr().err and episode.read_bytes() == b"mine"
-    assert main(["sample-episode", "--out", str(episode), "--frames", "8", "--force"]) == 0
+    assert main(["sample-episode", "--out-file", str(episode), "--frames", "8", "--force"]) == 0
     assert episode.read_bytes()[4:8] == b"ftyp"  # an MP4, as the proxy sniffs it
 
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # any local user could swap the file: the proxy would refuse this root
-    assert main(["sample-episode", "--out", str(shared / DEFAULT_NAME)]) == 2
+    assert main(["sample-episode", "--out-file", str(shared / DEFAULT_NAME)]) == 2
     assert "writable by every local user" in capsys.readouterr().err
     assert not (shared / DEFAULT_NAME).exists()
 
