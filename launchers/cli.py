@@ -17,7 +17,7 @@ from pathlib import Path
 from launchers.commands import shell_line, url_host
 from launchers.detach import run_detached
 from launchers.lifecycle import StopSignals, run_until_stopped
-from launchers.pidfile import read_pid_file, stop_from_pid_file, up_is_running
+from launchers.pidfile import how_to_stop, read_pid_file, stop_from_pid_file, up_is_running
 from launchers.plan import Plan, gpu_assignment, plan_stack, ports_in_use
 from launchers.ray_up import ray_plan_errors, run_up_ray
 from launchers.supervisor import Stack
@@ -50,6 +50,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                     "stops everything (SIGTERM, then SIGKILL after --grace) and reports exit "
                     "codes. A server that dies while loading stops the whole stack.")
     up.add_argument("--config", required=True, metavar="FILE", help="proxy YAML with launch sections")
+    up.add_argument("--only", action="append", default=None, metavar="NAME",
+                    help="start only this backend of the config, and a proxy serving it alone (name or alias; "
+                         "repeatable), e.g. --only qwen2_5_vl_vllm for run B")
     up.add_argument("--dry-run", action="store_true",
                     help="print the commands, GPU assignment and checks; start nothing")
     up.add_argument("--allow-gpu-overlap", action="store_true",
@@ -71,8 +74,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--vllm", default=None, metavar="EXE",
                     help="the vllm executable (default $VLLM_BIN, else `vllm` on PATH)")
     up.add_argument("--no-proxy", action="store_true", help="start the vLLM servers only")
-    up.add_argument("--logs", choices=["none", "proxy", "all"], default="proxy",
-                    help="child logs echoed to the console with a [name] prefix (default proxy); "
+    up.add_argument("--logs", choices=["none", "proxy", "all"], default="proxy", metavar="WHICH",
+                    help="child logs echoed to the console with a [name] prefix: none, proxy or all (default proxy); "
                          "every log is always written to the run directory")
     up.add_argument("--ray", default=None, metavar="ADDRESS",
                     help="place the replicas on this Ray cluster (e.g. auto, or HEAD_IP:6379): a placement "
@@ -86,6 +89,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--detach", action="store_true",
                     help="run the stack in the background; return once it is ready (0) or "
                          "failed (non-zero); stop it with `down`")
+    # Set by --detach on the `up` it starts in the background, whose output the user reads.
+    up.add_argument("--detached", action="store_true", help=argparse.SUPPRESS)
     up.set_defaults(func=run_up_command)
 
     down = subparsers.add_parser(
@@ -111,8 +116,9 @@ def _pid_file(args: argparse.Namespace) -> Path:
     return Path(args.pid_file or Path(args.runs_dir) / PID_FILE_NAME).absolute()
 
 
-def proxy_argv(config_path: Path) -> list[str]:
-    return [sys.executable, "-m", "vlm_reward_cli", "serve", "--config", str(config_path)]
+def proxy_argv(config_path: Path, only: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "vlm_reward_cli", "serve", "--config", str(config_path),
+            *(arg for name in only or [] for arg in ("--only", name))]
 
 
 def _proxy_url(settings: Settings) -> str:
@@ -133,7 +139,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     config_path = Path(args.config).absolute()
     vllm = args.vllm or os.environ.get("VLLM_BIN") or "vllm"
     try:
-        settings = load_settings(config_path)
+        settings = load_settings(config_path, only=args.only)
         plan = plan_stack(settings, os.environ, allow_gpu_overlap=args.allow_gpu_overlap,
                           vllm=vllm, strict=False, placed_by_ray=bool(args.ray))
     except ConfigError as err:
@@ -145,7 +151,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     if not args.no_proxy:
         endpoints.append((settings.proxy.host, settings.proxy.port, "proxy"))
     if args.dry_run:
-        print_plan(plan, settings, config_path, Path(args.runs_dir), not args.no_proxy, ray=args.ray)
+        print_plan(plan, settings, config_path, Path(args.runs_dir), not args.no_proxy, ray=args.ray, only=args.only)
         for error in ports_in_use(endpoints):
             say(f"note: {error}")
         return 2 if plan.errors else 0
@@ -174,7 +180,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         return _detach(args, config_path, run_dir, pid_file, vllm)
     if args.ray:
         return run_up_ray(plan, settings, config_path, run_dir, pid_file, args, say=say, warn=warn,
-                          proxy_argv=proxy_argv(config_path), proxy_url=_proxy_url(settings))
+                          proxy_argv=proxy_argv(config_path, args.only), proxy_url=_proxy_url(settings))
     return run_up(plan, settings, config_path, run_dir, pid_file, args)
 
 
@@ -191,14 +197,14 @@ def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid
         replicas = [stack.start_replica(command) for command in plan.commands]
         stack.wait_ready(replicas, args.timeout)
         if not args.no_proxy:
-            argv = proxy_argv(config_path)
+            argv = proxy_argv(config_path, args.only)
             say(f"starting the proxy (log {run_dir / 'proxy.log'}):\n  {shell_line(argv)}")
             proxy = stack.start("proxy", argv, {}, _proxy_url(settings), None)
             stack.wait_ready([proxy], min(args.timeout, 120.0))
         # said before the pid file says "running": whoever waits on the file finds the line written
         say(f"stack is up: {', '.join(c.name for c in replicas)}"
             + ("" if args.no_proxy else f"; proxy at {_proxy_url(settings)}")
-            + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
+            + f". {how_to_stop(pid_file, detached=args.detached)}")
         stack.write_pid_file("running")
         stack.monitor()
 
@@ -214,7 +220,7 @@ def run_up(plan: Plan, settings: Settings, config_path: Path, run_dir: Path, pid
 
 
 def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path,
-               with_proxy: bool, ray: str | None = None) -> None:
+               with_proxy: bool, ray: str | None = None, only: list[str] | None = None) -> None:
     log_dir = runs_dir / "<timestamp>"
     say(f"dry run of {config_path}: nothing is started")
     if ray:
@@ -241,7 +247,7 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
         say(f"    {c.shell_line()}")
     if with_proxy:
         say(f"proxy: {_proxy_url(settings)}, log {log_dir / 'proxy.log'}")
-        say(f"    {shell_line(proxy_argv(config_path))}")
+        say(f"    {shell_line(proxy_argv(config_path, only))}")
     for name in plan.not_launched:
         say(f"not launched (no launch section; its endpoints must already be up): {name}")
     for line in plan.warnings:
@@ -256,12 +262,13 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
 def _detach(args: argparse.Namespace, config_path: Path, run_dir: Path, pid_file: Path,
             vllm: str) -> int:
     """Run this same `up` in the background (launchers/detach.py); wait until running or failed."""
-    argv = [sys.executable, "-m", "vlm_reward_cli", "up", "--config", str(config_path),
+    argv = [sys.executable, "-m", "vlm_reward_cli", "up", "--detached", "--config", str(config_path),
             "--run-dir", str(run_dir), "--pid-file", str(pid_file), "--vllm", vllm,
             "--timeout", str(args.timeout), "--grace", str(args.grace),
             "--poll-interval", str(args.poll_interval),
             "--progress-interval", str(args.progress_interval), "--logs", args.logs,
             *(["--no-proxy"] if args.no_proxy else []),
+            *(arg for name in args.only or [] for arg in ("--only", name)),
             *(["--ray", args.ray, "--max-restarts", str(args.max_restarts)] if args.ray else []),
             *(["--ray-resource", args.ray_resource] if args.ray_resource else []),
             *(["--allow-gpu-overlap"] if args.allow_gpu_overlap else [])]

@@ -25,9 +25,15 @@ from launchers.processes import (
     start_matches,
 )
 
-__all__ = ["read_pid_file", "stop_from_pid_file", "up_is_running", "write_pid_file"]
+__all__ = ["how_to_stop", "read_pid_file", "stop_from_pid_file", "up_is_running", "write_pid_file"]
 
 Say = Callable[[str], None]
+
+
+def how_to_stop(pid_file: Path, *, detached: bool) -> str:
+    """What stops a running `up`: Ctrl-C reaches only one in the foreground."""
+    down = f"`vlm-reward-proxy down --pid-file {pid_file}`"
+    return f"Stop with {down}" if detached else f"Stop with Ctrl-C or {down}"
 
 
 def write_json_atomically(path: Path, data: Any) -> None:

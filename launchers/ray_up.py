@@ -12,7 +12,7 @@ import httpx
 
 from launchers.commands import shell_line
 from launchers.lifecycle import StopSignals, run_until_stopped
-from launchers.pidfile import write_json_atomically
+from launchers.pidfile import how_to_stop, write_json_atomically
 from launchers.plan import Plan
 from launchers.ray_stack import RayReplicas
 from launchers.supervisor import Stack, StackFailure, StopRequested
@@ -106,7 +106,7 @@ def run_up_ray(plan: Plan, settings: Settings, config_path: Path, run_dir: Path,
             proxy.append(ProxyEndpoints(proxy_url, settings.proxy_admin_key(), say))  # the admin route's key
         say(f"stack is up: {', '.join(r.name for r in replicas.replicas)} placed by Ray"
             + ("" if args.no_proxy else f"; proxy at {proxy_url}")
-            + f". Stop with Ctrl-C or `vlm-reward-proxy down --pid-file {pid_file}`")
+            + f". {how_to_stop(pid_file, detached=args.detached)}")
         stack.write_pid_file("running")
         launched = list(dict.fromkeys(c.backend for c in plan.commands))
         while True:

@@ -28,8 +28,8 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.http.serve import serve
 
     endpoints = json.loads(Path(args.endpoints).read_text()) if args.endpoints else None
-    serve(load_settings(args.config, endpoints), host=args.host, port=args.port, log_level=args.log_level,
-          access_log=args.access_log)
+    serve(load_settings(args.config, endpoints, only=args.only), host=args.host, port=args.port,
+          log_level=args.log_level, access_log=args.access_log)
     return 0
 
 
@@ -54,16 +54,18 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
                     "(launchers/ or `vlm-reward-proxy up`).")
     serve.add_argument("--config", required=True, metavar="FILE",
                        help="YAML config with 'proxy' and 'backends' (see configs/libero.yaml)")
-    serve.add_argument("--host", default=None,
+    serve.add_argument("--host", default=None, metavar="H",
                        help="address to bind; default: proxy.host from the config (127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None,
+    serve.add_argument("--port", type=int, default=None, metavar="P",
                        help="port to bind; default: proxy.port from the config (18080)")
+    serve.add_argument("--only", action="append", default=None, metavar="NAME",
+                       help="serve only this backend of the config (name or alias; repeatable)")
     serve.add_argument("--endpoints", default=None, metavar="FILE",
                        help="JSON {backend: [url, ...]} replacing those backends' endpoints "
                             "(written by `up --ray` once Ray has placed the replicas)")
-    serve.add_argument("--log-level", default="info",
+    serve.add_argument("--log-level", default="info", metavar="L",
                        choices=["critical", "error", "warning", "info", "debug"],
-                       help="server log level (default: info)")
+                       help="server log level: critical, error, warning, info or debug (default: info)")
     serve.add_argument("--access-log", action="store_true",
                        help="log one line per HTTP request (off by default: bodies hold media)")
     serve.set_defaults(func=_serve)

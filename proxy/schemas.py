@@ -102,8 +102,8 @@ class FrameSource(BaseModel):
     def _one_source(self) -> FrameSource:
         given = [n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of video_path, frames, frames_npy"
-                             + (f" (got {', '.join(given)})" if given else ""))
+            raise ValueError(f"give exactly one of video_path, frames, frames_npy (got {', '.join(given)})" if given
+                             else "no frame source: give exactly one of video_path, frames, frames_npy")
         return self
 
 
@@ -379,8 +379,10 @@ def validation_error(errors: list[Any]) -> InvalidRequest:
         return InvalidRequest("the request body is not valid JSON" + (f" ({detail})" if detail else ""),
                               field="body")
     if loc == ("body",):
-        missing = first.get("type") == "missing"
-        return InvalidRequest("the request needs a JSON object body" if missing
-                              else f"the request body is not a JSON object: {first['msg']}", field="body")
+        if first.get("type") == "missing":
+            return InvalidRequest("the request needs a JSON object body", field="body")
+        if first.get("type") == "value_error":  # a rule across the object's fields, so it is an object
+            return InvalidRequest(str(first["msg"]).removeprefix("Value error, "), field="body")
+        return InvalidRequest(f"the request body is not a JSON object: {first['msg']}", field="body")
     field = ".".join(str(p) for p in loc if p != "body") or None
     return InvalidRequest(f"{field}: {first['msg']}" if field else str(first["msg"]), field=field)

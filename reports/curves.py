@@ -306,9 +306,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
                              "experiment_name from config.yaml, else the folder name)")
     parser.add_argument("--metric", action="append", default=None, metavar="TAG",
                         help=f"a tag to plot, repeatable (default: {', '.join(t for t, _ in DEFAULT_METRICS)})")
-    parser.add_argument("--smoothing", type=float, default=0.6,
+    parser.add_argument("--smoothing", type=float, default=0.6, metavar="W",
                         help="TensorBoard-style smoothing weight in [0, 1) (default: 0.6)")
-    parser.add_argument("--title", default=None, help="figure title")
+    parser.add_argument("--title", default=None, metavar="TEXT", help="figure title")
     parser.set_defaults(func=run_command)
     return parser
 

@@ -5,10 +5,12 @@ RLinf's `run_embodiment.sh` takes one config name, and Hydra cannot include
 primary config may). So each overlay is merged into a copy of the base config, written beside
 it in your RLinf checkout under the overlay's file name:
 
-    python -m rlinf_client.rlinf_configs --rlinf /path/to/RLinf configs/rlinf/*.yaml
+    vlm-reward-proxy rlinf-configs --rlinf /path/to/RLinf configs/rlinf/*.yaml
     bash examples/embodiment/run_embodiment.sh libero_10_grpo_openvlaoft_runB_qwen
 
-(configs/rlinf holds runs A, B_qwen, C_primo and D_srpo: docs/rlinf.md.)
+(configs/rlinf holds runs A, B_qwen, C_primo and D_srpo: docs/rlinf.md.) In the client-only install
+(RLinf's environment, where the `vlm-reward-proxy` command lacks the `[server]` extra it needs),
+`python -m rlinf_client.rlinf_configs` takes the same arguments.
 
 Mappings merge key by key; anything else (lists, scalars) in the overlay replaces the base's.
 `${...}` interpolations are kept as text for Hydra to resolve.
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIG_DIR", "deep_merge", "main", "merge_overlay"]
+__all__ = ["CONFIG_DIR", "add_arguments", "deep_merge", "main", "merge_overlay", "run"]
 
 CONFIG_DIR = Path("examples/embodiment/config")
 DEFAULT_BASE = "libero_10_grpo_openvlaoft"
@@ -53,18 +55,27 @@ def merge_overlay(base_path: Path, overlay_path: Path) -> str:
     return header + yaml.safe_dump(merged, sort_keys=False, default_flow_style=False, width=100)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlinf_client.rlinf_configs",
-        description="Write RLinf experiment configs from a base config and run overlays.")
+DESCRIPTION = ("Write RLinf experiment configs from a base config and run overlays, into the RLinf "
+               f"checkout's {CONFIG_DIR} under each overlay's file name.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments, on its own parser (`python -m`) or as `vlm-reward-proxy rlinf-configs`."""
     parser.add_argument("overlays", nargs="+", type=Path, metavar="OVERLAY.yaml",
                         help="run overlays, e.g. configs/rlinf/*.yaml; each output is named after its overlay")
     parser.add_argument("--rlinf", type=Path, required=True, metavar="DIR", help="your RLinf checkout")
-    parser.add_argument("--base", default=DEFAULT_BASE,
+    parser.add_argument("--base", default=DEFAULT_BASE, metavar="NAME",
                         help=f"the config the overlays modify (default: {DEFAULT_BASE})")
     parser.add_argument("--force", action="store_true", help="overwrite configs that exist")
-    args = parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlinf_client.rlinf_configs", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     config_dir = args.rlinf / CONFIG_DIR
     base_path = config_dir / f"{args.base}.yaml"
     if not base_path.is_file():

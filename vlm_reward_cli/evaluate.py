@@ -299,23 +299,39 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if not failed else 1
 
 
+DESCRIPTION = """\
+Score episodes whose outcome is known with each candidate reward (a backend: template, layout,
+estimator) and with negative controls (the episode reversed, its frames shuffled, another task's
+instruction), through the proxy's own pipeline in this process, and write eval.html, eval.json
+and audit.jsonl into the --out folder: which method ranks first on what (AUC, VOC, controls, cost).
+
+EPISODES_DIR holds the episode files and episodes.jsonl, one JSON line per episode: the file
+(relative to the directory; an MP4 or a TxHxWx3 uint8 .npy), the instruction, a task id, and
+whether the episode succeeded (the simulator's outcome, the ground truth):
+
+  {"file": "ep0001.mp4", "task_text": "put the bowl on the plate", "task_id": 3, "success": true}
+
+Instead of a directory, --audit with --frame-store takes a run's own scored episodes that carry
+metadata.env_success, their frames the JPEGs vLLM received."""
+
+
 def add_subcommand(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "eval", help="compare candidate rewards on episodes with known outcomes (AUC, VOC, controls, cost)",
-        description=__doc__.split("\n\n")[0])
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("episodes", metavar="EPISODES_DIR", nargs="?",
                         help="a directory with episodes.jsonl and the files (or --audit with --frame-store)")
     parser.add_argument("--audit", metavar="AUDIT.jsonl", help="take the episodes of an audit log that carry "
                         "metadata.env_success, their frames from --frame-store (the JPEGs vLLM received)")
     parser.add_argument("--frame-store", metavar="DIR", help="the frame store of --audit")
     parser.add_argument("--config", required=True, metavar="FILE", help="proxy config (backends, prompts)")
-    parser.add_argument("--backend", action="append", required=True,
+    parser.add_argument("--backend", action="append", required=True, metavar="NAME",
                         help="a backend (name or alias) to evaluate (repeatable: one per method)")
-    parser.add_argument("--points", type=int, default=8, help="points per dense curve (default 8)")
-    parser.add_argument("--controls", default=",".join(CONTROLS),
+    parser.add_argument("--points", type=int, default=8, metavar="N", help="points per dense curve (default 8)")
+    parser.add_argument("--controls", default=",".join(CONTROLS), metavar="LIST",
                         help=f"comma-separated, of {', '.join(CONTROLS)}; or none (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="the shuffled control's seed (default 0)")
-    parser.add_argument("--limit", type=int, help="evaluate at most this many episodes")
-    parser.add_argument("--concurrency", type=int, default=8, help="calls in flight (default 8)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="the shuffled control's seed (default 0)")
+    parser.add_argument("--limit", type=int, metavar="N", help="evaluate at most N episodes")
+    parser.add_argument("--concurrency", type=int, default=8, metavar="N", help="calls in flight (default 8)")
     parser.add_argument("--out", required=True, metavar="DIR", help="where eval.html, eval.json, audit.jsonl go")
     parser.set_defaults(func=_run)

@@ -182,13 +182,23 @@ def _progress():
 
 
 def _run(args: argparse.Namespace) -> int:
-    audit, out = Path(args.audit), Path(args.out)
-    if not audit_files(audit):  # the file, or its rotated parts (reports/audit_lines.py)
+    audit, out = Path(args.audit), Path(args.out_file)
+    inputs = {part.resolve() for part in audit_files(audit)}  # the file, or its rotated parts (reports/audit_lines.py)
+    if not inputs:
         raise ConfigError(f"audit log {audit} does not exist")
-    if out.exists() and not args.force:
-        raise ConfigError(f"{out} exists; choose another --out or pass --force to append to it")
+    existing = audit_files(out)
+    if args.force and args.append:
+        raise ConfigError("--force overwrites --out-file, --append adds to it: give one")
+    if existing and inputs & {part.resolve() for part in existing}:
+        raise ConfigError(f"--out-file {out} is the audit log being replayed; choose another file")
+    if existing and not (args.force or args.append):
+        raise ConfigError(f"{out} exists; choose another --out-file, or pass --force to overwrite it "
+                          "or --append to add to it")
     settings, backend, store = replay_settings(Path(args.config), args.backend, out, args.prompt, args.sampling,
                                                Path(args.frame_store) if args.frame_store else None)
+    if args.force:
+        for part in existing:  # its rotated parts too: `report` would read them as part of the log
+            part.unlink()
     tally = asyncio.run(replay(settings, backend, store, audit, concurrency=args.concurrency,
                                from_backend=args.from_backend, limit=args.limit, progress=_progress()))
     print(f"\nreplay of {audit} on {backend} into {out}: {tally.line()}")
@@ -209,14 +219,18 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0])
     parser.add_argument("audit", metavar="AUDIT.jsonl", help="the audit log to replay")
     parser.add_argument("--config", required=True, metavar="FILE", help="proxy config (backends, prompts)")
-    parser.add_argument("--backend", required=True, help="backend (name or alias) that re-scores")
-    parser.add_argument("--prompt", help="template name in the prompts dir to use instead of the backend's")
+    parser.add_argument("--backend", required=True, metavar="NAME", help="backend (name or alias) that re-scores")
+    parser.add_argument("--prompt", metavar="NAME",
+                        help="template name in the prompts dir to use instead of the backend's")
     parser.add_argument("--sampling", action="append", default=[], metavar="NAME=VALUE",
                         help="override one sampling setting, e.g. temperature=0.2 (repeatable)")
     parser.add_argument("--frame-store", metavar="DIR", help="default: proxy.frame_store.dir of the config")
-    parser.add_argument("--from-backend", help="replay only the lines this backend scored")
-    parser.add_argument("--limit", type=int, help="replay at most this many episodes")
-    parser.add_argument("--concurrency", type=_at_least_one, default=8, help="episodes in flight (default 8)")
-    parser.add_argument("--out", required=True, metavar="NEW.jsonl", help="the new audit log")
-    parser.add_argument("--force", action="store_true", help="append to --out if it exists")
+    parser.add_argument("--from-backend", metavar="NAME", help="replay only the lines this backend scored")
+    parser.add_argument("--limit", type=int, metavar="N", help="replay at most N episodes")
+    parser.add_argument("--concurrency", type=_at_least_one, default=8, metavar="N",
+                        help="episodes in flight (default 8)")
+    parser.add_argument("--out-file", required=True, metavar="NEW.jsonl",
+                        help="the new audit log (a file; --out elsewhere names a folder)")
+    parser.add_argument("--force", action="store_true", help="overwrite --out-file if it exists")
+    parser.add_argument("--append", action="store_true", help="add to --out-file if it exists")
     parser.set_defaults(func=_run)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -270,11 +270,15 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
     return settings.model_copy(update={"proxy": proxy})
 
 
-def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = None) -> Settings:
+def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = None,
+                  only: Sequence[str] | None = None) -> Settings:
     """The config file, validated; `endpoints` replaces named backends' endpoint lists (`up --ray`
-    knows them only once Ray has placed the replicas)."""
+    knows them only once Ray has placed the replicas); `only` keeps just those backends (names or
+    aliases), so one config serves a run that needs one model without starting the others."""
     path = Path(path)
     data = read_config(path)
+    if only:
+        data["backends"] = only_backends(data.get("backends"), only, path)
     if endpoints is not None and not (isinstance(endpoints, dict) and all(
             isinstance(u, list) and all(isinstance(x, str) for x in u) for u in endpoints.values())):
         raise ConfigError("endpoints must map backend names to lists of URLs, e.g. {\"qwen\": [\"http://h:8001/v1\"]}")
@@ -284,6 +288,19 @@ def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = 
             raise ConfigError(f"endpoints given for backend {name!r}, which config {path} does not define")
         backend["endpoints"] = list(urls)
     return settings_from_dict(data, base_dir=path.parent.resolve(), source=str(path))
+
+
+def only_backends(backends: Any, only: Sequence[str], path: Path) -> dict:
+    """The named backends of a config's `backends` mapping, in the config's order."""
+    backends = backends if isinstance(backends, dict) else {}
+    keep = set()
+    for wanted in only:
+        name = next((n for n, cfg in backends.items()
+                     if wanted == n or (isinstance(cfg, dict) and wanted in (cfg.get("aliases") or []))), None)
+        if name is None:
+            raise ConfigError(f"backend {wanted!r} is not in config {path} (backends: {', '.join(backends)})")
+        keep.add(name)
+    return {name: cfg for name, cfg in backends.items() if name in keep}
 
 
 def read_config(path: Path) -> dict:

@@ -26,10 +26,10 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from proxy.errors import PayloadTooLarge
+from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.pipelines.json_peek import loads
 
-__all__ = ["JSONBodyRoute", "check_json_values", "max_json_values"]
+__all__ = ["JSONBodyRoute", "check_content_type", "check_json_values", "max_json_values"]
 
 _SCAN_FROM_BYTES = 1 << 20  # smaller bodies cannot hold enough values to matter
 _FIELDS_PER_ITEM = 64  # headroom per batch item for its non-frame fields
@@ -48,6 +48,17 @@ async def check_json_values(raw: bytes, max_values: int) -> None:
             raise PayloadTooLarge(f"the JSON body holds over {max_values} values, more than any valid request "
                                   "(proxy.max_inline_frames x proxy.max_batch_items): send frames as strings "
                                   "or in the binary body")
+
+
+def check_content_type(content_type: str | None) -> None:
+    """422 naming the content type a body needs: FastAPI reads a body as JSON only when it says so,
+    and would otherwise report the bytes as "not a JSON object" (curl -d sends a form type)."""
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    if media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json")):
+        return
+    sent = f"as {media_type!r}" if media_type else "without a content-type"
+    raise InvalidRequest(f"the body was sent {sent}: send it with content-type: application/json "
+                         "(or multipart/form-data, the binary body)", field="content-type")
 
 
 class _FastJSONRequest(Request):
@@ -69,8 +80,10 @@ class JSONBodyRoute(APIRoute):
             request = _FastJSONRequest(request.scope, request.receive)
             if request.method == "POST":  # before FastAPI's body reading, which turns any error into a 400
                 proxy = request.app.state.settings.proxy
-                await check_json_values(await request.body(),
-                                        max_json_values(proxy.max_inline_frames, proxy.max_batch_items))
+                body = await request.body()
+                await check_json_values(body, max_json_values(proxy.max_inline_frames, proxy.max_batch_items))
+                if body and self.body_field is not None:
+                    check_content_type(request.headers.get("content-type"))
             return await handler(request)
 
         return with_fast_json

@@ -109,6 +109,28 @@ def test_zero_or_two_frame_sources(env, changes, mentions):
     expect(env.post(json=_body(**changes)), 422, "invalid_request", mentions=mentions)
 
 
+def test_a_body_without_a_frame_source_says_the_source_is_missing(env):
+    error = expect(env.post(json=_body(frames_npy=DROP)), 422, "invalid_request", "body", mentions="no frame source")
+    assert "not a JSON object" not in error["message"] and "video_path, frames, frames_npy" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/score", "/score/batch", "/score/dense", "/compare"])
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_json_body_sent_under_another_content_type_names_the_one_expected(env, path, content_type):
+    """curl -d without -H 'content-type: application/json' sends a form type: the answer says so."""
+    headers = {"content-type": content_type} if content_type else {}
+    error = expect(env.post(path=path, content=json.dumps(BASE).encode(), headers=headers, label=str(content_type)),
+                   422, "invalid_request", "content-type", mentions="content-type: application/json")
+    assert (content_type or "without a content-type") in error["message"]
+    assert "not a JSON object" not in error["message"]
+
+
+def test_a_json_content_type_with_parameters_or_a_suffix_is_json(env):
+    for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        expect(env.post(content=json.dumps(_body(frames_npy=DROP)).encode(), headers={"content-type": content_type},
+                        label=content_type), 422, "invalid_request", "body", mentions="no frame source")
+
+
 @pytest.mark.parametrize("backend", ["gpt-9", "", "qwen2_5_vl_vllm ", "QWEN2_5_VL_VLLM", "../PRIMO-R1", "模型"])
 def test_unknown_backend_is_404_listing_the_known_ones(env, backend):
     error = expect(env.post(json=_body(backend=backend)), 404, "unknown_backend", "backend")

@@ -35,7 +35,7 @@ def patient(proxy: ProxyServerThread, backend: str = BACKEND) -> None:
     deadline of the hang bound. A test whose short timeout is the behaviour under test (a frozen
     or hung vLLM) calls this before asking for a success, so that success never depends on how
     fast a loaded machine answers. Config models are frozen, so the backend gets a new copy."""
-    entry = proxy.app.state.registry.backends[backend]
+    entry = proxy.app.state.services.registry.backends[backend]
     retry = entry.config.retry.model_copy(update={"timeout_s": HANG_S, "deadline_s": 2 * HANG_S})
     entry.config = entry.config.model_copy(update={"retry": retry})
 

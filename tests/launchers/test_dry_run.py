@@ -146,3 +146,31 @@ def test_dry_run_shows_each_replicas_own_environment(capsys, tmp_path):
                                   f"vllm serve {PRIMO_PATH} ")
     assert commands[2].startswith("CUDA_VISIBLE_DEVICES=2 VLLM_LOGGING_LEVEL=DEBUG OMP_NUM_THREADS=6 "
                                   f"vllm serve {PRIMO_PATH} ")
+
+
+def test_only_starts_one_backend_of_the_shipped_config_without_the_others_model_path(capsys, monkeypatch):
+    """Run B needs Qwen alone: the 4-GPU config, unedited, starts only it, with a proxy serving only it
+    (PRIMO-R1's model path may be unset)."""
+    monkeypatch.delenv("PRIMO_R1_MODEL_PATH")
+    assert cli("up", "--config", str(EXAMPLE), "--dry-run", "--only", "qwen2_5_vl_vllm") == 0
+    out = capsys.readouterr().out
+    assert "  qwen2_5_vl_vllm-r0: GPUs 0,1, http://127.0.0.1:8001/v1" in out
+    assert "PRIMO-R1" not in out and "GPU 2" not in out
+    assert f"    {sys.executable} -m vlm_reward_cli serve --config {EXAMPLE} --only qwen2_5_vl_vllm" in out
+    assert "checks: ok" in out
+    # an alias names its backend; an unknown name lists the config's backends
+    monkeypatch.setenv("PRIMO_R1_MODEL_PATH", PRIMO_PATH)
+    assert cli("up", "--config", str(EXAMPLE), "--dry-run", "--only", "primo_r1_vllm") == 0
+    out = capsys.readouterr().out
+    assert "  PRIMO-R1-r1: GPU 3" in out and "qwen2_5_vl_vllm" not in out.replace("--only primo_r1_vllm", "")
+    assert cli("up", "--config", str(EXAMPLE), "--dry-run", "--only", "gpt-9") == 2
+    assert "backend 'gpt-9' is not in config" in capsys.readouterr().err
+
+
+def test_the_proxy_serves_only_the_backends_named(tmp_path):
+    from proxy.config import load_settings
+
+    settings = load_settings(EXAMPLE, only=["qwen2_5_vl_vllm"])
+    assert list(settings.backends) == ["qwen2_5_vl_vllm"]
+    assert list(load_settings(EXAMPLE, only=["primo_r1_vllm", "qwen2_5_vl_vllm"]).backends) == [
+        "qwen2_5_vl_vllm", "PRIMO-R1"]

@@ -173,6 +173,8 @@ def test_detach_then_down(tmp_path, fake_vllm_env, reaper):
     reaper.groups.add(state["up_pid"])
     assert result.returncode == 0, result.stderr
     assert "stack is up; stop it with: vlm-reward-proxy down --pid-file" in result.stdout
+    assert "Ctrl-C" not in result.stdout  # the echoed log of the background `up` says `down` only
+    assert f"Stop with `vlm-reward-proxy down --pid-file {runs / 'stack.json'}`" in result.stdout
     assert state["state"] == "running" and alive(state["up_pid"])
     pids = fake_vllm_env.all_pids()
     assert len(pids) == 3 and all(alive(p) for p in pids)

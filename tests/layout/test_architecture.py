@@ -35,7 +35,7 @@ PACKAGES = {
     "rlinf_client": {"vlm_protocol"},
     "reports": {"vlm_protocol"},
     "launchers": {"proxy", "vlm_protocol"},
-    "vlm_reward_cli": {"proxy", "launchers", "reports", "vlm_protocol"},
+    "vlm_reward_cli": {"proxy", "launchers", "reports", "rlinf_client", "vlm_protocol"},
 }
 
 # proxy/'s parts (a subpackage, or a top-level module) and which others each may import: written

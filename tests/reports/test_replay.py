@@ -55,7 +55,7 @@ def test_replay_on_another_backend_carries_ground_truth_and_shows_the_same_frame
     first, config, tmp_path = recorded
     out = tmp_path / "replayed.jsonl"
     code = main(["replay", str(first), "--config", str(config), "--backend", "primo_r1_vllm",
-                 "--prompt", "primo_r1_trained", "--sampling", "temperature=0.2", "--out", str(out),
+                 "--prompt", "primo_r1_trained", "--sampling", "temperature=0.2", "--out-file", str(out),
                  "--concurrency", "3"])
     assert code == 0
     assert f"sent {len(EPISODES)}, scored {len(EPISODES)}, failed 0, skipped 0" in capsys.readouterr().out
@@ -87,7 +87,7 @@ def test_what_cannot_be_replayed_is_counted_and_named(recorded, fake_qwen, capsy
         fh.write("{not json\n")
         fh.write(json.dumps({"backend": QWEN, "task_text": "t", "error": {"code": "media_decode_error"}}) + "\n")
     out = tmp_path / "replayed.jsonl"
-    assert main(["replay", str(first), "--config", str(config), "--backend", QWEN, "--out", str(out)]) == 0
+    assert main(["replay", str(first), "--config", str(config), "--backend", QWEN, "--out-file", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"sent {len(EPISODES) - 1}, scored {len(EPISODES) - 1}, failed 0" in printed
     for why in ("frame missing from the store 1", "malformed line 1", "no frames recorded 1"):
@@ -100,7 +100,7 @@ def test_failures_during_replay_are_reported_and_fail_the_command(recorded, fake
     fake_qwen.fake.state.reply_fn = lambda body: "I cannot tell."
     out = tmp_path / "replayed.jsonl"
     assert main(["replay", str(first), "--config", str(config), "--backend", QWEN, "--limit", "2",
-                 "--out", str(out)]) == 1
+                 "--out-file", str(out)]) == 1
     assert "sent 2, scored 0, failed unparseable_score 2" in capsys.readouterr().out
     assert [line["error"]["code"] for line in _lines(out)] == ["unparseable_score"] * 2
 
@@ -113,15 +113,43 @@ def test_failures_during_replay_are_reported_and_fail_the_command(recorded, fake
 ])
 def test_bad_arguments_are_clear_errors_before_anything_is_sent(recorded, fake_qwen, capsys, args, message):
     first, config, tmp_path = recorded
-    assert main(["replay", str(first), "--config", str(config), "--out", str(tmp_path / "n.jsonl"), *args]) == 2
+    assert main(["replay", str(first), "--config", str(config), "--out-file", str(tmp_path / "n.jsonl"), *args]) == 2
     assert message in capsys.readouterr().err
     assert fake_qwen.chat_requests == [] and not (tmp_path / "n.jsonl").exists()
 
 
 def test_an_existing_output_is_not_mixed_into(recorded, capsys):
+    first, config, tmp_path = recorded
+    out = tmp_path / "replayed.jsonl"
+    out.write_text('{"kind": "score", "earlier": true}\n')
+    args = ["replay", str(first), "--config", str(config), "--backend", QWEN, "--out-file", str(out)]
+    assert main(args) == 2
+    assert "exists; choose another --out-file, or pass --force to overwrite it or --append" in capsys.readouterr().err
+    assert main([*args, "--force", "--append"]) == 2
+    assert "give one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [[], ["--force"], ["--append"]])
+def test_the_log_being_replayed_is_never_the_output(recorded, capsys, flags):
     first, config, _ = recorded
-    assert main(["replay", str(first), "--config", str(config), "--backend", QWEN, "--out", str(first)]) == 2
-    assert "exists" in capsys.readouterr().err
+    before = first.read_bytes()
+    assert main(["replay", str(first), "--config", str(config), "--backend", QWEN, "--out-file", str(first),
+                 *flags]) == 2
+    assert "is the audit log being replayed" in capsys.readouterr().err
+    assert first.read_bytes() == before
+
+
+def test_force_overwrites_the_output_and_append_adds_to_it(recorded, fake_qwen, capsys):
+    first, config, tmp_path = recorded
+    out = tmp_path / "replayed.jsonl"
+    out.write_text('{"kind": "score", "earlier": true}\n')
+    (tmp_path / "replayed.jsonl.1").write_text('{"kind": "score", "earlier": true}\n')  # a rotated part
+    args = ["replay", str(first), "--config", str(config), "--backend", QWEN, "--out-file", str(out), "--limit", "2"]
+    assert main([*args, "--force"]) == 0
+    assert not (tmp_path / "replayed.jsonl.1").exists()
+    assert [line.get("earlier") for line in _lines(out)] == [None, None]
+    assert main([*args, "--append"]) == 0
+    assert len(_lines(out)) == 4
 
 
 def test_replay_keeps_the_requests_scale_budget_and_rates(recorded, proxy_factory, fake_qwen, capsys):
@@ -144,7 +172,7 @@ def test_replay_keeps_the_requests_scale_budget_and_rates(recorded, proxy_factor
     fake_qwen.fake.reset()
     out = tmp_path / "again.jsonl"
     assert main(["replay", str(tmp_path / "asked.jsonl"), "--config", str(config), "--backend", QWEN,
-                 "--out", str(out)]) == 0
+                 "--out-file", str(out)]) == 0
     replayed = _lines(out)[-1]
     assert replayed["score"] == 0.25  # read on the unit scale again, not as 0.25 of 100
     assert replayed["asked"] == {"max_pixels": 150528, "backend_kwargs": {"score_mode": "unit"}}
