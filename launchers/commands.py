@@ -17,12 +17,23 @@ from proxy.config import BackendConfig
 from proxy.config.launch import connect_host
 from proxy.errors import ConfigError
 
-__all__ = ["MANAGED_FLAGS", "MEDIA_IO_KWARGS", "ReplicaCommand", "default_limit_mm", "expand_vars",
-           "managed_flag_errors", "replica_commands", "shell_line", "url_host", "vllm_argv"]
+__all__ = ["CPU_ARGS", "CPU_KV_CACHE_ENV", "MANAGED_FLAGS", "MEDIA_IO_KWARGS", "ReplicaCommand",
+           "cpu_kv_cache_bytes", "default_limit_mm", "expand_vars", "managed_flag_errors",
+           "replica_commands", "shell_line", "url_host", "vllm_argv"]
 
 # Safety net for the 32-frame truncation trap: the server keeps every frame of a video even for
 # a request that sends no media_io_kwargs (see docs vllm-facts "READ FIRST").
 MEDIA_IO_KWARGS = json.dumps({"video": {"num_frames": -1}})
+
+# What a replica of `launch.device: cpu` adds before its extra_args (which may override any of them:
+# vLLM keeps a flag's last value). Eager: nothing to compile. A step of 16384 tokens holds a
+# 100-frame prompt: the CPU's default step crashed seeded prompts longer than itself. float32: the
+# tiny test model's dtype. A KV cache sized in bytes: without it vLLM on the CPU takes most of the
+# machine's memory, even for a model of a few MB (docs/stack.md "On a CPU").
+CPU_ARGS = ("--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32",
+            "--kv-cache-memory-bytes", "128M")
+# vLLM on the CPU reads this (whole GiB) over --kv-cache-memory-bytes.
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 # Flags the launcher owns; setting them again in extra_args would silently override the plan
 # (vLLM's argparse keeps the last value), so they are refused with the config field to use.
@@ -75,9 +86,10 @@ def default_limit_mm(backend: BackendConfig) -> dict[str, int]:
 def vllm_argv(*, model_path: str, served_model_name: str, tensor_parallel_size: int,
               max_model_len: int, gpu_memory_utilization: float, limit_mm: Mapping[str, int],
               host: str, port: int, seed: int, extra_args: list[str] | tuple[str, ...] = (),
-              vllm: str = "vllm", embedding: bool = False) -> list[str]:
+              vllm: str = "vllm", embedding: bool = False, cpu: bool = False) -> list[str]:
     """`vllm serve MODEL ...`, flags in a fixed order (docs/stack.md shows the lines), then extra_args.
-    `embedding`: served as a pooling model answering /v1/embeddings (a backend of kind embedding)."""
+    `embedding`: served as a pooling model answering /v1/embeddings (a backend of kind embedding);
+    `cpu`: a CPU build of vLLM (CPU_ARGS)."""
     return [
         vllm, "serve", model_path,
         "--served-model-name", served_model_name,
@@ -91,6 +103,7 @@ def vllm_argv(*, model_path: str, served_model_name: str, tensor_parallel_size: 
         "--port", str(port),
         "--seed", str(seed),
         *(("--runner", "pooling", "--convert", "embed") if embedding else ()),
+        *(CPU_ARGS if cpu else ()),
         *extra_args,
     ]
 
@@ -137,6 +150,8 @@ class ReplicaCommand:
     # The parent's own CUDA_VISIBLE_DEVICES (SLURM, containers), when set: `gpus` are positions
     # in it and the child's CUDA_VISIBLE_DEVICES names the devices at those positions.
     parent_visible: str | None = None
+
+    cpu: bool = False  # launch.device cpu: no GPU, no CUDA_VISIBLE_DEVICES
 
     @property
     def name(self) -> str:
@@ -218,7 +233,8 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
             errors.append(f"backends.{name}.api_key_env names {backend.api_key_env}, which is not "
                           "set: the server would refuse the proxy (and the readiness probe)")
     limit_mm = launch.limit_mm_per_prompt or default_limit_mm(backend)
-    parent_visible = (env.get(_GPUS_VAR) or "").strip() or None
+    cpu = launch.device == "cpu"
+    parent_visible = None if cpu else (env.get(_GPUS_VAR) or "").strip() or None
     visible = [d.strip() for d in parent_visible.split(",")] if parent_visible else None
     commands = []
     for index, replica in enumerate(launch.replicas):
@@ -228,16 +244,51 @@ def replica_commands(name: str, backend: BackendConfig, env: Mapping[str, str], 
             tensor_parallel_size=launch.tensor_parallel_size, max_model_len=launch.max_model_len,
             gpu_memory_utilization=launch.gpu_memory_utilization, limit_mm=limit_mm,
             host=launch.host, port=replica.port, seed=launch.seed, extra_args=launch.extra_args,
-            vllm=vllm, embedding=backend.kind == "embedding")
-        devices = _visible_devices(replica.gpus, visible, parent_visible, where=replica_where,
-                                   errors=errors)
+            vllm=vllm, embedding=backend.kind == "embedding", cpu=cpu)
         own_env = _expand_env(replica.env, env, where=f"{replica_where}.env", strict=strict,
                               errors=errors)
         merged = {k: v for k, v in {**backend_env, **own_env}.items() if k != _GPUS_VAR}
+        if not cpu:
+            merged = {_GPUS_VAR: _visible_devices(replica.gpus, visible, parent_visible,
+                                                  where=replica_where, errors=errors), **merged}
         commands.append(ReplicaCommand(backend=name, index=index, model=backend.model,
                                        gpus=tuple(replica.gpus), host=launch.host,
-                                       port=replica.port, argv=argv,
-                                       env={_GPUS_VAR: devices, **merged},
+                                       port=replica.port, argv=argv, env=merged,
                                        api_key_env=backend.api_key_env, api_key=api_key,
-                                       parent_visible=parent_visible))
+                                       parent_visible=parent_visible, cpu=cpu))
     return commands, errors
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size_bytes(text: str) -> int | None:
+    """vLLM's human-readable sizes: 128M is 2**27 bytes, 128m 128e6; None when unreadable."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        return None
+    number, suffix = match.groups()
+    return int(float(number) * (_DECIMAL.get(suffix) or _BINARY.get(suffix) or 1))
+
+
+def cpu_kv_cache_bytes(command: ReplicaCommand, parent_env: Mapping[str, str],
+                       total_memory: int) -> tuple[int, str]:
+    """The KV cache a CPU replica will allocate, and where that size comes from: CPU_KV_CACHE_ENV
+    (the replica's own env, else the one it inherits) wins over the last --kv-cache-memory-bytes;
+    with neither, vLLM takes --gpu-memory-utilization of the machine's memory."""
+    space = command.env.get(CPU_KV_CACHE_ENV, parent_env.get(CPU_KV_CACHE_ENV, ""))
+    if space.strip().isdigit():
+        return int(space) * 2**30, f"{CPU_KV_CACHE_ENV}={space.strip()}"
+    size = None
+    for i, arg in enumerate(command.argv):  # the last one counts, in either spelling
+        if arg == "--kv-cache-memory-bytes" and i + 1 < len(command.argv):
+            size = command.argv[i + 1]
+        elif arg.startswith("--kv-cache-memory-bytes="):
+            size = arg.split("=", 1)[1]
+    parsed = _size_bytes(size) if size is not None else None
+    if parsed is not None:
+        return parsed, f"--kv-cache-memory-bytes {size}"
+    fraction = float(command.argv[command.argv.index("--gpu-memory-utilization") + 1])
+    return int(fraction * total_memory), f"no KV cache size: vLLM takes --gpu-memory-utilization {fraction:g}"

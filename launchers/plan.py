@@ -6,16 +6,18 @@ is the one check that looks at the machine (a port an earlier server still holds
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from launchers.commands import ReplicaCommand, default_limit_mm, replica_commands, url_host
+from launchers.commands import ReplicaCommand, cpu_kv_cache_bytes, default_limit_mm, replica_commands, url_host
 from proxy.config import BackendConfig, Settings, split_credentials
 from proxy.config.launch import WILDCARD_HOSTS, LaunchConfig, connect_host, is_loopback
 
-__all__ = ["Plan", "gpu_assignment", "gpu_overlaps", "plan_stack", "ports_in_use"]
+__all__ = ["Plan", "cpu_memory_warnings", "gpu_assignment", "gpu_overlaps", "machine_memory", "plan_stack",
+           "ports_in_use"]
 
 
 @dataclass
@@ -27,11 +29,13 @@ class Plan:
 
 
 def plan_stack(settings: Settings, env: Mapping[str, str], *, allow_gpu_overlap: bool = False,
-               vllm: str = "vllm", strict: bool = True, placed_by_ray: bool = False) -> Plan:
+               vllm: str = "vllm", strict: bool = True, placed_by_ray: bool = False,
+               total_memory: int | None = None) -> Plan:
     """Every launched replica, plus the errors that must stop `up` and the warnings it prints.
 
     placed_by_ray: Ray chooses each replica's node and GPUs (replicas[].gpus gives only how many)
-    and its endpoint is known once placed, so GPU overlaps and endpoint matches are not checked."""
+    and its endpoint is known once placed, so GPU overlaps and endpoint matches are not checked.
+    total_memory: this machine's memory in bytes, for the CPU replicas' KV caches (None: read it)."""
     plan = Plan()
     for name, backend in settings.backends.items():
         if backend.launch is None:
@@ -47,6 +51,8 @@ def plan_stack(settings: Settings, env: Mapping[str, str], *, allow_gpu_overlap:
         plan.errors.append("no backend has a launch section: nothing to start")
     if not placed_by_ray:
         plan.warnings += _shared_server_warnings(settings, plan)
+        if any(c.cpu for c in plan.commands):
+            plan.warnings += cpu_memory_warnings(plan.commands, env, total_memory or machine_memory())
     plan.errors += _port_clashes(plan.commands, settings)
     overlaps = [] if placed_by_ray else gpu_overlaps(plan.commands)
     if allow_gpu_overlap:
@@ -54,6 +60,25 @@ def plan_stack(settings: Settings, env: Mapping[str, str], *, allow_gpu_overlap:
     else:
         plan.errors += [f"{o} (pass --allow-gpu-overlap if that is intended)" for o in overlaps]
     return plan
+
+
+def machine_memory() -> int:
+    """This machine's memory in bytes (Linux)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_memory_warnings(commands: list[ReplicaCommand], env: Mapping[str, str], total_memory: int) -> list[str]:
+    """One line when the CPU replicas' KV caches would take half the machine's memory or more: each
+    server also holds its model and ~1-2 GB of runtime, so such a stack swaps, or the kernel (or
+    Ray) kills something else."""
+    sizes = [(c.name, *cpu_kv_cache_bytes(c, env, total_memory)) for c in commands if c.cpu]
+    total_kv = sum(size for _name, size, _why in sizes)
+    if total_kv * 2 < total_memory:
+        return []
+    each = "; ".join(f"{name} {size / 2**30:.1f} GiB ({why})" for name, size, why in sizes)
+    return [f"the CPU replicas' KV caches take {total_kv / 2**30:.1f} GiB of this machine's "
+            f"{total_memory / 2**30:.1f} GiB: {each}. Lower --kv-cache-memory-bytes in launch.extra_args "
+            f"(the CPU default is 128M), or unset VLLM_CPU_KVCACHE_SPACE, which overrides it"]
 
 
 def gpu_assignment(commands: list[ReplicaCommand]) -> dict[int, list[str]]:

@@ -28,6 +28,8 @@ def ray_plan_errors(plan: Plan, settings: Settings, env: Mapping[str, str], *, w
     through its admin route: both need keys (the admin route only takes the admin key)."""
     errors = [f"backend {name}: servers placed by Ray listen beyond loopback: set backends.{name}.api_key_env"
               for name in dict.fromkeys(c.backend for c in plan.commands) if not settings.backends[name].api_key_env]
+    errors += [f"backend {name}: launch.device cpu is for one machine; up --ray places GPU replicas only"
+               for name in dict.fromkeys(c.backend for c in plan.commands if c.cpu)]
     admin_env = settings.proxy.admin_api_key_env
     if with_proxy and not (admin_env and env.get(admin_env)):
         errors.append("up --ray tells the proxy about replicas through its admin route, which needs the "

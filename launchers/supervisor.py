@@ -123,7 +123,8 @@ class Stack:
         return child
 
     def start_replica(self, command: ReplicaCommand) -> Child:
-        gpus = ("GPUs " if len(command.gpus) > 1 else "GPU ") + ",".join(map(str, command.gpus))
+        gpus = ("CPU" if command.cpu
+                else ("GPUs " if len(command.gpus) > 1 else "GPU ") + ",".join(map(str, command.gpus)))
         self.say(f"starting {command.name} ({gpus}, port {command.port}, log "
                  f"{self.run_dir / (command.name + '.log')}):\n  {command.shell_line()}")
         child = self.start(command.name, command.argv, command.full_env(), command.base_url,

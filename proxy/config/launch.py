@@ -3,7 +3,7 @@ and where a server bound to a host can be reached (shared by the proxy's own bin
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -25,7 +25,7 @@ def connect_host(host: str) -> str:
 
 
 class ReplicaLaunch(StrictModel):
-    gpus: list[Annotated[int, Field(ge=0)]]
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)  # none for launch.device cpu
     port: int = Field(ge=1, le=65535)
     # More environment for this replica only, over the backend's launch.env (e.g. a CPU server's
     # VLLM_CPU_OMP_THREADS_BIND, so two replicas on one machine use different cores).
@@ -37,6 +37,9 @@ class LaunchConfig(StrictModel):
 
     model_path: str
     replicas: list[ReplicaLaunch] = Field(min_length=1)
+    # cpu: a CPU build of vLLM (the tiny test model, configs/cpu-tiny.yaml); the launcher adds the
+    # CPU flags (launchers/commands.py CPU_ARGS) and no CUDA_VISIBLE_DEVICES.
+    device: Literal["gpu", "cpu"] = "gpu"
     tensor_parallel_size: PositiveInt = 1
     host: str = "127.0.0.1"
     max_model_len: PositiveInt = 16384  # the seed's, and PRIMO-R1's evaluation's
@@ -48,6 +51,13 @@ class LaunchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _gpus_match_tp(self) -> LaunchConfig:
+        if self.device == "cpu":
+            if self.tensor_parallel_size != 1:
+                raise ValueError("device cpu runs one process per replica: tensor_parallel_size must be 1")
+            listed = [i for i, replica in enumerate(self.replicas) if replica.gpus]
+            if listed:
+                raise ValueError(f"device cpu uses no GPU, but replicas{listed} list gpus: remove them")
+            return self
         for i, replica in enumerate(self.replicas):
             if len(replica.gpus) != self.tensor_parallel_size:
                 raise ValueError(f"replicas[{i}].gpus has {len(replica.gpus)} GPUs but "

@@ -267,7 +267,14 @@ def _resolve_paths(settings: Settings, base_dir: Path) -> Settings:
                                 if references else None),
         }
     )
-    return settings.model_copy(update={"proxy": proxy})
+    # A launch model_path may be a Hugging Face repo id ("Qwen/..."), so only a path written as
+    # relative ("./x", "../x") is taken from this file's directory.
+    backends = {
+        name: backend.model_copy(update={"launch": backend.launch.model_copy(
+            update={"model_path": str(resolve(Path(backend.launch.model_path)))})})
+        if backend.launch and backend.launch.model_path.startswith(("./", "../")) else backend
+        for name, backend in settings.backends.items()}
+    return settings.model_copy(update={"proxy": proxy, "backends": backends})
 
 
 def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = None,

@@ -52,7 +52,9 @@ call), ``test_token_counts`` (usage.prompt_tokens = text + vision tokens for 38 
 is printed and written to ``<run dir>/token_counts.json``), ``test_presentation_fps``,
 ``test_openai_surface`` (official ``openai`` client, streaming), ``test_unparseable_score`` and
 ``test_replica_kill`` (SIGKILL of a replica during a 32-item batch, restart from ``commands.sh``,
-back in rotation). Tests do not depend on each other's order, but the replica kill runs last
+back in rotation), and ``test_cpu_path`` (its own one-server stack: docs/stack.md's no-GPU
+commands, ``make cpu-up`` then ``make demo``, in a fresh copy of the checkout, and the answer's
+provenance; ~2 min). Tests do not depend on each other's order, but the replica kill runs last
 (``pytest_collection_modifyitems`` below) so that a failure there cannot spill into the others.
 
 Costs (2-core machine): five servers of ~1.6 GB each (API server, engine core and worker, with the

@@ -28,6 +28,7 @@ import psutil
 import pytest
 import yaml
 
+from launchers.commands import CPU_ARGS
 from launchers.processes import group_members
 from proxy.prompting.templates import PromptStore, apply_seed_overrides
 from tests.helpers import HANG_S, PROMPTS_DIR, REPO, wait_until
@@ -64,8 +65,8 @@ OMP_BIND = {"qwen_r0": "0", "qwen_r1": "1", "primo": "1", "launcher": "0", "embe
 # whole GiB, and each server's worker then held 1.7 GB instead of 0.8 (measured): six servers of
 # the real tiers at once put the suite at the machine's 24 GB (Ray's OOM killer fired in CI).
 KV_CACHE_BYTES = "128M"
-EXTRA_ARGS = ["--enforce-eager", "--max-num-batched-tokens", "16384", "--dtype", "float32",
-              "--kv-cache-memory-bytes", KV_CACHE_BYTES]
+EXTRA_ARGS = list(CPU_ARGS)  # launchers/commands.py: the flags of `launch.device: cpu`
+assert EXTRA_ARGS[EXTRA_ARGS.index("--kv-cache-memory-bytes") + 1] == KV_CACHE_BYTES
 
 ENV_PYTHON, ENV_VLLM, ENV_REQUIRE = "VLM_REFERENCE_PYTHON", "VLM_REFERENCE_VLLM", "VLM_REQUIRE_REAL"
 _ENV_DROPPED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
