@@ -18,7 +18,7 @@ from hypothesis import settings as hypothesis_settings
 from proxy.config import Settings, settings_from_dict
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
-from tests.helpers import PRIMO_MODEL, PRIMO_REPLY, PROMPTS_DIR, QWEN_MODEL, QWEN_REPLY, REPO, summary_lines  # noqa: F401 - re-exported: tiers import these from here
+from tests.helpers import HANG_S, PRIMO_MODEL, PRIMO_REPLY, PROMPTS_DIR, QWEN_MODEL, QWEN_REPLY, REPO, summary_lines  # noqa: F401 - re-exported: tiers import these from here
 
 _ENV_TO_CLEAR = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
                  "OPENAI_API_KEY", "OPENAI_BASE_URL", "VLLM_API_KEY")
@@ -92,8 +92,10 @@ def fake_primo(fake_vllm_factory) -> FakeVLLMThread:
 def libero_settings_dict(qwen_endpoints: list[str], primo_endpoints: list[str],
                          media_root: Path, **proxy_overrides: Any) -> dict:
     """The shipped configs/libero.yaml's shape, pointed at fakes, with fast retries."""
-    fast_retry = {"attempts": 4, "parse_attempts": 2, "backoff_s": [0.01, 0.05], "timeout_s": 10,
-                  "deadline_s": 30}
+    # Short backoffs keep retries quick; the call timeout and deadline are hang bounds only, so a
+    # reply slowed by a loaded machine is never mistaken for a failure.
+    fast_retry = {"attempts": 4, "parse_attempts": 2, "backoff_s": [0.01, 0.05], "timeout_s": HANG_S,
+                  "deadline_s": 2 * HANG_S}
     # Probes often, so /health (answered from the probes) follows a fake going down quickly.
     proxy_overrides.setdefault("health_interval_s", 0.2)
     return {
