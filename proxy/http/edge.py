@@ -1,14 +1,12 @@
-"""The HTTP edge, as one plain ASGI middleware around the whole app.
+"""The HTTP edge: one plain ASGI middleware around the whole app.
 
-Per request: a request id (the caller's x-request-id or a new one) on the response and in any
-error body; the bearer token when configured (all routes but /health: either key, its role noted
-for proxy/http/admin_access.py's AdminOnly); the body cap (refused
-before reading on Content-Length, or as soon as a streamed body crosses it); the request
-counter (route, backend, outcome) for every answer, errors included; the catch-all for
-unexpected exceptions (logged with traceback, answered `internal_error`); and the shutdown
-gate (new requests refused while draining, unfinished ones answered 503 when the grace ends).
-Plain ASGI rather than @app.middleware("http"): that wrapper cost ~10% of the pass-through's
-CPU at c=32 (bench/profile_proxy.py).
+For every request it sets a request id (the caller's x-request-id, or a new one) on the response
+and in any error body, checks the bearer token when one is configured (every route but /health;
+the caller's role is noted for AdminOnly), caps the body (refused on its Content-Length, or as
+soon as a streamed body crosses the cap), counts the answer by route, backend and outcome, turns
+an unexpected exception into a logged `internal_error`, and enforces the shutdown gate. It is
+plain ASGI because `@app.middleware("http")` costs a measurable share of the pass-through's CPU
+(docs/benchmarks.md, profiles).
 """
 
 from __future__ import annotations
@@ -95,14 +93,12 @@ class Edge:
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
-            if refused:
+            if refused:  # the cap answered already: what the app sends after that is dropped
                 return
             if message["type"] == "http.response.start":
                 started = True
-                status = message["status"]
-                outcome = state.get("error_code") or ("ok" if status < 400 else f"http_{status}")
-                self.metrics.requests.labels(route=route, backend=state.get("backend", "none"),
-                                             outcome=outcome).inc()
+                outcome = state.get("error_code") or ("ok" if message["status"] < 400 else f"http_{message['status']}")
+                self.metrics.requests.labels(route=route, backend=state.get("backend", "none"), outcome=outcome).inc()
                 if not any(k.lower() == b"x-request-id" for k, _ in message.get("headers", ())):
                     message = {**message, "headers": [*message.get("headers", ()), id_header]}
             await send(message)
@@ -110,14 +106,9 @@ class Edge:
         async def answer(err: ProxyError) -> None:
             await error_response(err, scope)(scope, receive, guarded_send)
 
-        if self.gate.draining and scope["path"] not in OPEN_PATHS:
-            return await answer(ShuttingDown("the proxy is shutting down; send this request again "
-                                             "to another instance or after it restarts"))
-        if self.credentials.scoring_required and state["role"] is None and scope["path"] not in OPEN_PATHS:
-            return await answer(Unauthorized("missing or wrong bearer token"))
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await answer(self._too_large())
+        refusal = self._refusal(scope["path"], state["role"], headers.get(b"content-length"))
+        if refusal is not None:
+            return await answer(refusal)
         seen = 0
 
         async def limited_receive() -> Message:
@@ -128,7 +119,7 @@ class Edge:
             seen += len(message.get("body", b""))
             if seen > self.max_bytes and not started:
                 await answer(self._too_large())
-                refused = True  # what the app sends after this is dropped
+                refused = True
                 return {"type": "http.disconnect"}
             return message
 
@@ -139,7 +130,7 @@ class Edge:
         except asyncio.CancelledError:
             if not self.gate.owns_cancellation(task):
                 raise
-            task.uncancel()
+            task.uncancel()  # the gate cut it: the request gets its 503, the server goes on
             if not started:
                 await answer(ShuttingDown("the proxy shut down before this request finished "
                                           "(grace period over); nothing was scored"))
@@ -150,6 +141,17 @@ class Edge:
                                         f"traceback under request id {request_id}"))
         finally:
             self.gate.untrack(task)
+
+    def _refusal(self, path: str, role: str | None, declared: bytes | None) -> ProxyError | None:
+        """Why a request is refused before its body is read, if it is."""
+        if self.gate.draining and path not in OPEN_PATHS:
+            return ShuttingDown("the proxy is shutting down; send this request again to another instance or after "
+                                "it restarts")
+        if self.credentials.scoring_required and role is None and path not in OPEN_PATHS:
+            return Unauthorized("missing or wrong bearer token")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return self._too_large()
+        return None
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body is over the {self.max_bytes / 2**20:g} MiB cap (proxy.max_body_mb)")
