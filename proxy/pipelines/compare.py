@@ -49,7 +49,9 @@ from proxy.prompting.layouts import (
 )
 from proxy.prompting.request import SAMPLING_FIELDS, ResolvedRequest, resolve_request, sampling_for_ask
 from proxy.prompting.templates import PromptStore
-from proxy.schemas import CompareOrder, CompareRequest, CompareResponse, PromptInfo, ScoreRequest
+from proxy.protocol.common import PromptInfo
+from proxy.protocol.compare import CompareOrder, CompareRequest, CompareResponse
+from proxy.protocol.score import ScoreRequest
 from proxy.upstream.backends import Backend
 from proxy.upstream.retry import Attempt, call_with_retries
 

@@ -24,7 +24,7 @@ import pydantic_core
 
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
 from proxy.metrics import Metrics
-from proxy.pipelines.json_peek import Field, NotJsonObject, peek_fields, splice
+from proxy.protocol.json_peek import Field, NotJsonObject, peek_fields, splice
 from proxy.upstream.backends import Backend, BackendRegistry
 from proxy.upstream.client import UpstreamAnswer, UpstreamClient, UpstreamStream, translate_status
 from proxy.upstream.pool import Reservation

@@ -20,8 +20,8 @@ from proxy.config import ProbesConfig
 from proxy.errors import ProxyError
 from proxy.media.encode import EncodedFrames
 from proxy.metrics import Metrics
+from proxy.protocol.score import ScoreRequest
 from proxy.quality.monitor import QualityMonitor, quality_key
-from proxy.schemas import ScoreRequest
 from proxy.upstream.backends import Backend
 
 if TYPE_CHECKING:

@@ -46,16 +46,9 @@ from proxy.prompting.layouts import (
 )
 from proxy.prompting.request import presentation_fps, resolve_request, sampling_for_ask
 from proxy.prompting.templates import PromptStore, apply_seed_overrides
+from proxy.protocol.common import FramesInfo, PromptInfo
+from proxy.protocol.score import ParseInfo, QualityStatus, ScoreRequest, ScoreResponse, ViewSource
 from proxy.quality.monitor import QualityMonitor
-from proxy.schemas import (
-    FramesInfo,
-    ParseInfo,
-    PromptInfo,
-    QualityStatus,
-    ScoreRequest,
-    ScoreResponse,
-    ViewSource,
-)
 from proxy.upstream.answer_tokens import AnswerTokenIds
 from proxy.upstream.backends import Backend, BackendRegistry
 from proxy.upstream.client import UpstreamClient
