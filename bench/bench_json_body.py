@@ -32,8 +32,8 @@ from pydantic import ValidationError  # noqa: E402
 from proxy.config import ProxySettings  # noqa: E402
 from proxy.errors import PayloadTooLarge  # noqa: E402
 from proxy.http.json_body import check_json_values, max_json_values  # noqa: E402
-from proxy.pipelines.json_peek import loads  # noqa: E402
-from proxy.schemas import ScoreRequest  # noqa: E402
+from proxy.protocol.json_peek import loads  # noqa: E402
+from proxy.protocol.score import ScoreRequest  # noqa: E402
 
 
 def bodies(size: int) -> dict[str, bytes]:

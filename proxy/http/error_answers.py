@@ -20,7 +20,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from proxy.errors import InvalidRequest, MethodNotAllowed, ProxyError, RouteNotFound
-from proxy.schemas import ErrorBody, validation_error
+from proxy.protocol.common import ErrorBody, validation_error
 from vlm_protocol.wire import REQUEST_ID_HEADER
 
 __all__ = ["error_answers", "error_response", "install_handlers"]

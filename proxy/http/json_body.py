@@ -11,9 +11,9 @@ parse, so a worker thread does not help (bench/bench_json_body.py). Two measures
   larger, and a valid body has at most one value per inline frame and a few dozen fields per item.
 
 Every route module (the *_routes.py beside it) uses `JSONBodyRoute`. The
-pass-through relays bytes, reading only its routing fields (proxy/pipelines/json_peek.py), and a body
+pass-through relays bytes, reading only its routing fields (proxy/protocol/json_peek.py), and a body
 whole only when its bytes could hold a media `uuid` (proxy/pipelines/passthrough.py); a `score:<backend>` chat
-body is parsed with the same `loads` (proxy/pipelines/json_peek.py).
+body is parsed with the same `loads` (proxy/protocol/json_peek.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from proxy.errors import InvalidRequest, PayloadTooLarge
-from proxy.pipelines.json_peek import loads
+from proxy.protocol.json_peek import loads
 
 __all__ = ["JSONBodyRoute", "check_content_type", "check_json_values", "max_json_values"]
 

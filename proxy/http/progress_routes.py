@@ -15,7 +15,7 @@ from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
 from proxy.pipelines.batch import check_batch_size
 from proxy.progress.pipeline import ProgressScorer
-from proxy.progress.schemas import ProgressBatchRequest, ProgressBatchResponse, ReferencesRequest, ReferencesResponse
+from proxy.protocol.progress import ProgressBatchRequest, ProgressBatchResponse, ReferencesRequest, ReferencesResponse
 
 __all__ = ["router"]
 

@@ -15,18 +15,11 @@ from proxy.http.json_body import JSONBodyRoute
 from proxy.pipelines import scoring
 from proxy.pipelines.batch import check_batch_size
 from proxy.pipelines.compare import Comparer
-from proxy.pipelines.dense import DenseRequest, DenseResponse, score_dense
+from proxy.pipelines.dense import score_dense
 from proxy.prompting.request import frame_rules_of
-from proxy.schemas import (
-    BatchCompareRequest,
-    BatchCompareResponse,
-    BatchScoreRequest,
-    BatchScoreResponse,
-    CompareRequest,
-    CompareResponse,
-    ScoreRequest,
-    ScoreResponse,
-)
+from proxy.protocol.compare import BatchCompareRequest, BatchCompareResponse, CompareRequest, CompareResponse
+from proxy.protocol.dense import DenseRequest, DenseResponse
+from proxy.protocol.score import BatchScoreRequest, BatchScoreResponse, ScoreRequest, ScoreResponse
 from vlm_protocol.wire import FRAME_RULES_PATH
 
 __all__ = ["router"]

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.schemas import validation_error
+from proxy.protocol.common import validation_error
 
 __all__ = ["check_batch_size", "run_batch"]
 

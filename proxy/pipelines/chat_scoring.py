@@ -24,11 +24,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy.errors import InvalidRequest, UnknownBackend
-from proxy.pipelines.json_peek import loads
 from proxy.pipelines.scoring import SCORE, score_episode
 from proxy.pipelines.services import Services
 from proxy.prompting.request import SAMPLING_FIELDS
-from proxy.schemas import ScoreRequest, ScoreResponse, validation_error
+from proxy.protocol.common import validation_error
+from proxy.protocol.json_peek import loads
+from proxy.protocol.score import ScoreRequest, ScoreResponse
 from proxy.upstream.backends import BackendRegistry
 
 __all__ = ["SCORE_PREFIX", "ChatScoring", "completion", "model_cards", "parse_chat", "score_chat",

@@ -55,7 +55,9 @@ from proxy.prompting.request import (
     split_backend_kwargs,
 )
 from proxy.prompting.templates import PromptStore
-from proxy.schemas import CompareOrder, CompareRequest, CompareResponse, PromptInfo, ScoreRequest
+from proxy.protocol.common import PromptInfo
+from proxy.protocol.compare import CompareOrder, CompareRequest, CompareResponse
+from proxy.protocol.score import ScoreRequest
 from proxy.upstream.backends import Backend
 from proxy.upstream.pool import Endpoint
 from proxy.upstream.retry import Attempt

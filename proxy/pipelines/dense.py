@@ -16,9 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Annotated, Literal
-
-from pydantic import BaseModel, Field, field_validator, model_validator
 
 from proxy.config import BackendConfig
 from proxy.errors import InvalidRequest, ProxyError
@@ -30,67 +27,13 @@ from proxy.pipelines.episode_frames import LoadedEpisode, describe_frames, sourc
 from proxy.pipelines.scoring import SCORE, Prepared, score_episode
 from proxy.pipelines.services import Services
 from proxy.prompting.request import resolve_request
-from proxy.schemas import QualityStatus, ScoreRequest, ScoreResponse, json_number
+from proxy.protocol.dense import CurvePoint, DenseRequest, DenseResponse
+from proxy.protocol.score import ScoreRequest, ScoreResponse
 from vlm_protocol.frames import sample_indices
 
-__all__ = ["DEFAULT_POINTS", "DenseRequest", "DenseResponse", "score_dense"]
+__all__ = ["DEFAULT_POINTS", "score_dense"]
 
 DEFAULT_POINTS = 8
-
-
-class DenseRequest(ScoreRequest):
-    """POST /score/dense: one episode scored at several prefixes (each as /score would score an episode
-    that ended there) → a progress curve. Costs one scoring call per point, run concurrently."""
-
-    points: int | None = Field(None, ge=2)  # prefixes ending evenly over the episode, the last at its end
-    # or exactly these source frame indices, increasing
-    prefix_ends: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=2)
-    # One decode serves every prefix of a curve, one camera's: a second view is not served here (yet);
-    # the document says so, and a request with one is refused (score prefixes with /score and prefix_end).
-    extra_view: None = Field(None, description="not served on /score/dense: one camera per curve")
-
-    @field_validator("points", mode="before")
-    @classmethod
-    def _points_as_sent(cls, value: object) -> object:
-        return json_number(value)
-
-    @model_validator(mode="after")
-    def _one_way_to_pick_points(self) -> DenseRequest:
-        if self.prefix_end is not None:
-            raise ValueError("prefix_end is chosen per point here: give points or prefix_ends")
-        if self.points is not None and self.prefix_ends is not None:
-            raise ValueError("give points or prefix_ends, not both")
-        if self.stills is not None:
-            raise ValueError("each point's stills are its own prefix's first and last frame: send no stills")
-        return self
-
-    @field_validator("prefix_ends")
-    @classmethod
-    def _increasing(cls, ends: list[int] | None) -> list[int] | None:
-        if ends is not None and ends != sorted(set(ends)):
-            raise ValueError("prefix_ends must be distinct source frame indices, in increasing order")
-        return ends
-
-
-class CurvePoint(BaseModel):
-    frame_index: int  # the prefix's last source frame (PRIMO-R1's "current frame")
-    score: float  # normalised to [0, 1], as /score
-    raw_score: float
-
-
-class DenseResponse(BaseModel):
-    # prefixes: one /score per prefix; shuffled: the frames as numbered shuffled images in ONE call (GVL)
-    method: Literal["prefixes", "shuffled"]
-    curve: list[CurvePoint]  # in frame order; the last point is the whole episode (points) or prefix_ends[-1]
-    points: list[ScoreResponse]  # each prefix's whole /score result (frames, prompt, sampling, usage)
-    backend: str
-    model: str
-    source_count: int  # frames in the episode
-    attempts: int  # upstream calls in all (one per point, plus retries)
-    usage: dict[str, int]  # token usage summed over the points' scored replies
-    timings_ms: dict[str, float]  # load (one decode for every point), total
-    # the live monitor on the episode (its last point is the whole episode), as /score's `quality`
-    quality: QualityStatus | None = None
 
 
 async def score_dense(services: Services, request: DenseRequest, *, budget_s: float | None) -> DenseResponse:

@@ -18,7 +18,7 @@ from typing import Any
 
 from proxy.errors import ProxyError, ScoreParseError
 from proxy.pipelines.services import Services
-from proxy.schemas import QualityStatus
+from proxy.protocol.score import QualityStatus
 from proxy.upstream.backends import Backend
 
 __all__ = ["BATCH_ITEM", "COMPARE", "COMPARE_ITEM", "DENSE_CURVE", "DENSE_POINT", "PASSTHROUGH", "PROBE", "PROGRESS",

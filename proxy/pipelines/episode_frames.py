@@ -16,7 +16,8 @@ from proxy.media.views import check_views, extra_view_info, prepare_views
 from proxy.pipelines.services import Services
 from proxy.prompting.layouts import vision_token_count
 from proxy.prompting.request import presentation_fps
-from proxy.schemas import FramesInfo, ScoreRequest, ViewSource
+from proxy.protocol.common import FramesInfo
+from proxy.protocol.score import ScoreRequest, ViewSource
 
 __all__ = ["LoadedEpisode", "decode_episode", "describe_frames", "load_episode", "source_of", "store_frames"]
 

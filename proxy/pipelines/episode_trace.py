@@ -10,7 +10,7 @@ from typing import Any
 from proxy.answers.reply import ChatReply
 from proxy.errors import MAX_REPLY_CHARS
 from proxy.media.encode import EncodedFrames
-from proxy.schemas import FramesInfo, PromptInfo
+from proxy.protocol.common import FramesInfo, PromptInfo
 
 __all__ = ["EpisodeTrace"]
 

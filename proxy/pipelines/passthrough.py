@@ -25,8 +25,8 @@ import pydantic_core
 
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamRejected
 from proxy.pipelines.envelope import PASSTHROUGH, Envelope
-from proxy.pipelines.json_peek import Field, NotJsonObject, peek_fields, splice
 from proxy.pipelines.services import Services
+from proxy.protocol.json_peek import Field, NotJsonObject, peek_fields, splice
 from proxy.upstream.backends import Backend
 from proxy.upstream.client import UpstreamAnswer, UpstreamStream, translate_status
 

@@ -39,8 +39,9 @@ from proxy.prompting.layouts import (
 )
 from proxy.prompting.request import ResolvedRequest, resolve_request, sampling_for_ask
 from proxy.prompting.templates import PromptTemplate, apply_seed_overrides
+from proxy.protocol.common import FramesInfo, PromptInfo
+from proxy.protocol.score import ParseInfo, ScoreRequest, ScoreResponse
 from proxy.quality.probes import Probe, ProbedEpisode
-from proxy.schemas import FramesInfo, ParseInfo, PromptInfo, ScoreRequest, ScoreResponse
 from proxy.upstream.backends import Backend
 from proxy.upstream.pool import Endpoint
 from proxy.upstream.retry import Attempt

@@ -1,2 +1,2 @@
-"""Run D: episodes → embeddings → SRPO progress per task; the pure math, the request bodies, the
+"""Run D: episodes → embeddings → SRPO progress per task; the pure math, the
 embedding call and the persistent reference store."""

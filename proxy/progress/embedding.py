@@ -17,10 +17,10 @@ from proxy.media.decode import FrameLimits
 from proxy.media.views import check_views
 from proxy.pipelines.episode_frames import load_episode
 from proxy.pipelines.services import Services
-from proxy.progress.schemas import EmbeddingInfo
 from proxy.prompting.layouts import build_embedding_body, encode_body
 from proxy.prompting.request import frame_limits
-from proxy.schemas import ScoreRequest
+from proxy.protocol.progress import EmbeddingInfo
+from proxy.protocol.score import ScoreRequest
 from proxy.upstream.backends import Backend
 
 __all__ = ["Embedded", "Embedder"]

@@ -26,14 +26,14 @@ from proxy.pipelines.services import Services
 from proxy.progress.embedding import Embedded, Embedder
 from proxy.progress.math import METHOD, srpo_progress
 from proxy.progress.reference_store import ReferenceStore, StoreKey
-from proxy.progress.schemas import (
+from proxy.protocol.progress import (
     ProgressBatchRequest,
     ProgressReference,
     ProgressResult,
     ReferencesRequest,
     ReferencesResponse,
 )
-from proxy.schemas import ScoreRequest
+from proxy.protocol.score import ScoreRequest
 from proxy.upstream.backends import Backend
 from vlm_protocol.progress import task_key
 

@@ -17,7 +17,7 @@ from proxy.errors import FrameRulesChanged, InvalidRequest, PromptTemplateError
 from proxy.media.encode import EncodedFrames, FrameLimits
 from proxy.prompting.layouts import layout_has_images, layout_has_stills
 from proxy.prompting.templates import SEED_PROMPT_KWARGS, PromptTemplate
-from proxy.schemas import ScoreRequest
+from proxy.protocol.score import ScoreRequest
 from vlm_protocol.frame_rules import FrameRules
 
 __all__ = ["ResolvedRequest", "frame_limits", "frame_rules_of", "presentation_fps", "resolve_request",

@@ -1,4 +1,4 @@
-"""proxy.pipelines.json_peek reads top-level fields without parsing the rest: it must agree with
+"""proxy.protocol.json_peek reads top-level fields without parsing the rest: it must agree with
 json.loads on every object, however it is spelled, and refuse what is not one object."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.pipelines.json_peek import NotJsonObject, peek_fields, splice
+from proxy.protocol.json_peek import NotJsonObject, peek_fields, splice
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
                     st.text(max_size=20))

@@ -26,7 +26,7 @@ from schemathesis.checks import CHECKS, is_check_class, load_all_checks
 from schemathesis.config import SchemathesisConfig
 
 from proxy.config import endpoint_url, settings_from_dict
-from proxy.schemas import IMAGE_FORMAT, MEDIA_PATH_FORMAT, NPY_FORMAT
+from proxy.protocol.common import IMAGE_FORMAT, MEDIA_PATH_FORMAT, NPY_FORMAT
 from tests.conftest import PRIMO_MODEL, QWEN_MODEL, libero_settings_dict
 from tests.fakes.episodes import write_mp4
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread

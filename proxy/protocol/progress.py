@@ -1,4 +1,5 @@
-"""Request and response bodies of POST /progress/batch and /progress/references (docs/progress.md)."""
+"""The /progress surface: POST /progress/batch (SRPO progress of a step's failures against its
+successes) and POST /progress/references (demonstrations kept per task); docs/progress.md."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from proxy.schemas import ErrorDetail, FramesInfo, ScoreRequest, ShortString
+from proxy.protocol.common import ErrorDetail, FramesInfo, ShortString
+from proxy.protocol.score import ScoreRequest
 from vlm_protocol.progress import OUTCOMES
 
 Outcome = Literal[OUTCOMES]
