@@ -120,6 +120,12 @@ class Metrics:
                                       "scored, dropped_busy (the backend had no room to spare), dropped_cap "
                                       "(probes.max_in_flight), no_other_task, or the error code",
                                       ["backend", "probe", "outcome"], registry=r)
+        self.cascade_escalations = Counter("vlm_proxy_cascade_escalations_total", "Episodes past each cascade stage "
+                                           "by why they went on (band, disagree, audit) or none (they stopped "
+                                           "there)", ["cascade", "stage", "why"], registry=r)
+        self.cascade_audits = Counter("vlm_proxy_cascade_audits_total", "Audited episodes by whether the cheap "
+                                      "stage landed on the other side of the threshold from the final stage "
+                                      "(disagree) or not (agree)", ["cascade", "stage", "outcome"], registry=r)
         self.quality_keys_evicted = Counter("vlm_proxy_quality_keys_evicted_total", "Keys forgotten to make room "
                                             "for a new one (the least recently seen not in alarm)", registry=r)
         self.quality_keys_dropped = Counter("vlm_proxy_quality_keys_dropped_total", "Episodes not tracked: "

@@ -8,6 +8,7 @@ here: `from proxy.config import Settings, load_settings`.
 """
 
 from proxy.config.calls import AdmissionConfig, CircuitConfig, ReaskConfig, RetryConfig, RoutingConfig
+from proxy.config.cascades import CascadeConfig, CascadeStage
 from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
 from proxy.config.endpoint_urls import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
@@ -26,6 +27,8 @@ from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreCon
 from proxy.errors import ConfigError
 
 __all__ = [
+    "CascadeConfig",
+    "CascadeStage",
     "ENDPOINT_URL_PATTERN",
     "AdmissionConfig",
     "AuditConfig",

@@ -23,6 +23,7 @@ from proxy.config.calls import (
     RetryConfig,
     RoutingConfig,
 )
+from proxy.config.cascades import CascadeConfig
 from proxy.config.endpoint_hosts import EndpointHost
 from proxy.config.endpoint_urls import endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig
@@ -203,16 +204,63 @@ class BackendConfig(_Strict):
 class Settings(_Strict):
     proxy: ProxySettings = ProxySettings()
     backends: dict[str, BackendConfig] = Field(min_length=1)
+    cascades: dict[str, CascadeConfig] = Field(default_factory=dict)  # backends asked in turn (cascades.py)
     quality: QualityConfig = Field(default_factory=QualityConfig)  # the live reward-quality monitor
 
     @model_validator(mode="after")
     def _names_unique(self) -> Settings:
         seen: dict[str, str] = {}
-        for name, backend in self.backends.items():
-            for label in (name, *backend.aliases):
+        named = [(name, [name, *b.aliases]) for name, b in self.backends.items()]
+        named += [(name, [name, *c.aliases]) for name, c in self.cascades.items()]
+        for name, labels in named:
+            for label in labels:
                 if label in seen and seen[label] != name:
-                    raise ValueError(f"name {label!r} is used by backends {seen[label]!r} and {name!r}")
+                    raise ValueError(f"name {label!r} is used by {seen[label]!r} and {name!r}")
                 seen[label] = name
+        return self
+
+    @model_validator(mode="after")
+    def _shared_replicas_share_one_pool(self) -> Settings:
+        """Backends that name the same replica share its pool (admission, circuits, calls in flight),
+        so a cascade's two stages on one replica never book it twice: they must name the same
+        endpoints and configure the pool alike."""
+        by_url: dict[str, str] = {}
+        for name, backend in self.backends.items():
+            for url in backend.endpoints:
+                other = by_url.setdefault(split_credentials(url)[0], name)
+                if other == name:
+                    continue
+                first = self.backends[other]
+                if [split_credentials(u)[0] for u in first.endpoints] != [split_credentials(u)[0]
+                                                                         for u in backend.endpoints]:
+                    raise ValueError(f"backends {other!r} and {name!r} share the replica {split_credentials(url)[0]} "
+                                     "but not all their endpoints: backends on the same replicas share one pool, so "
+                                     "give them the same endpoint list")
+                for key in ("admission", "circuit", "routing"):
+                    if getattr(first, key) != getattr(backend, key):
+                        raise ValueError(f"backends {other!r} and {name!r} share their replicas (one pool) but "
+                                         f"configure its {key} differently: give them the same {key}")
+        return self
+
+    @model_validator(mode="after")
+    def _cascade_stages_fit(self) -> Settings:
+        labels = {label: name for name, b in self.backends.items() for label in (name, *b.aliases)}
+        for name, cascade in self.cascades.items():
+            stages = []
+            for index, stage in enumerate(cascade.stages):
+                backend = self.backends.get(labels.get(stage.backend, ""))
+                where = f"cascades.{name}.stages[{index}]"
+                if backend is None:
+                    raise ValueError(f"{where}.backend {stage.backend!r} is not a backend of this config")
+                if backend.kind != "chat" or backend.layout not in ("qwen_video", "primo_interleave"):
+                    raise ValueError(f"{where}: {stage.backend!r} must be a chat backend with a video layout "
+                                     "(qwen_video or primo_interleave): the stages share one decode of the episode")
+                stages.append(backend)
+            first = stages[0].frames
+            for index, backend in enumerate(stages[1:], start=1):
+                if backend.frames != first:
+                    raise ValueError(f"cascades.{name}.stages[{index}]: its frames settings differ from stages[0]'s; "
+                                     "the episode is decoded once for every stage, so give them the same frames")
         return self
 
     def proxy_api_key(self) -> str | None:

@@ -14,6 +14,7 @@ from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
 from proxy.pipelines import scoring
 from proxy.pipelines.batch import check_batch_size
+from proxy.pipelines.cascade import decode_stage
 from proxy.pipelines.compare import Comparer
 from proxy.pipelines.dense import score_dense
 from proxy.prompting.request import frame_rules_of
@@ -31,10 +32,13 @@ router = APIRouter(route_class=JSONBodyRoute)
 async def frame_rules(services: ServicesDep) -> JSONResponse:
     """Each chat backend's frame rules (vlm_protocol/frame_rules.py) under its name, with the labels
     a request's `backend` may use for it; `default` is the backend a request without one gets."""
-    chat = services.registry.of_kind("chat")
-    return JSONResponse({"default": chat[0].name if chat else None,
-                         "backends": {b.name: {**frame_rules_of(b.name, b.config).to_dict(), "labels": b.labels}
-                                      for b in chat}})
+    registry = services.registry
+    chat = registry.of_kind("chat")
+    listed = {b.name: {**frame_rules_of(b.name, b.config).to_dict(), "labels": b.labels} for b in chat}
+    for name, cascade in registry.cascades.items():  # one decode serves every stage: the decoding stage's rules
+        decoder = decode_stage([registry.resolve(stage.backend) for stage in cascade.stages])
+        listed[name] = {**frame_rules_of(name, decoder.config).to_dict(), "labels": [name, *cascade.aliases]}
+    return JSONResponse({"default": chat[0].name if chat else None, "backends": listed})
 
 
 @router.post("/score", response_model=ScoreResponse,

@@ -38,7 +38,7 @@ from proxy.errors import (
 from proxy.pipelines.batch import run_batch
 from proxy.pipelines.envelope import COMPARE, COMPARE_ITEM, Effects, Envelope
 from proxy.pipelines.episode_frames import load_episode
-from proxy.pipelines.scoring import count_reply
+from proxy.pipelines.frames_scoring import count_reply
 from proxy.pipelines.services import Services
 from proxy.prompting.layouts import (
     build_compare_body,

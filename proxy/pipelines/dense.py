@@ -24,7 +24,8 @@ from proxy.media.decode import FrameLimits, decode_source
 from proxy.media.encode import encode_prefix, prefix_indices
 from proxy.pipelines.envelope import DENSE_CURVE, DENSE_POINT, Envelope
 from proxy.pipelines.episode_frames import LoadedEpisode, describe_frames, source_of, store_frames
-from proxy.pipelines.scoring import SCORE, Prepared, score_episode
+from proxy.pipelines.frames_scoring import Prepared
+from proxy.pipelines.scoring import SCORE, score_episode
 from proxy.pipelines.services import Services
 from proxy.prompting.request import resolve_request
 from proxy.protocol.dense import CurvePoint, DenseRequest, DenseResponse

@@ -59,15 +59,18 @@ class Envelope:
 
     def __init__(self, services: Services, effects: Effects, label: str | None, *, kind: str | None = "chat",
                  field: str = "backend", describe: Callable[[], dict[str, Any]] = dict,
-                 watch: tuple[str, dict[str, Any] | None] | None = None) -> None:
+                 watch: tuple[str, dict[str, Any] | None] | None = None, resolved: Backend | None = None) -> None:
         self.services, self.effects, self.describe = services, effects, describe
         self._label, self._kind, self._field = label, kind, field
         self.watch = watch  # (task_text, metadata) of a watched episode
         self.backend: Backend
+        if resolved is not None:  # named by its owner (a cascade: its name over its first stage's pool)
+            self.backend = resolved
 
     def __enter__(self) -> Envelope:
         try:
-            self.backend = self.services.registry.resolve(self._label, self._field, self._kind)
+            if not hasattr(self, "backend"):
+                self.backend = self.services.registry.resolve(self._label, self._field, self._kind)
         except ProxyError as err:
             self._count("none", err.code)
             raise
@@ -117,11 +120,15 @@ class Envelope:
         """The monitor's view of an episode scored inside another request (a dense curve's whole episode)."""
         return self._observe(score) if self.watch else None
 
-    def _observe(self, score: float | None) -> QualityStatus | None:
+    def observe_as(self, label: str, score: float) -> QualityStatus | None:
+        """The monitor's view of one part of the episode under a key of its own (a cascade's stage)."""
+        return self._observe(score, label) if self.watch else None
+
+    def _observe(self, score: float | None, label: str | None = None) -> QualityStatus | None:
         assert self.watch is not None
         task_text, metadata = self.watch
         try:
-            said = self.services.quality.observe(self.backend.name, task_text, metadata, score)
+            said = self.services.quality.observe(label or self.backend.name, task_text, metadata, score)
         except Exception:  # noqa: BLE001 - a bug in the monitor must not turn a score into a 500
             log.exception("reward-quality window failed; the episode's answer is unaffected")
             return None

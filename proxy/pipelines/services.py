@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.audit import AuditLog
 from proxy.config import Settings
 from proxy.media.budget import MediaCaps, MediaExecutor, default_media_workers
 from proxy.media.frame_store import FrameStore
 from proxy.metrics import Metrics
+from proxy.pipelines.cascade_state import CascadeState
 from proxy.prompting.templates import PromptStore
 from proxy.quality.monitor import QualityMonitor
 from proxy.quality.probes import InvarianceProbes
@@ -40,6 +41,7 @@ class Services:
     answer_tokens: AnswerTokenIds  # a probability answer's two words as token ids, per endpoint
     frame_store: FrameStore | None = None
     probes: InvarianceProbes | None = None  # when quality.probes.fraction > 0
+    cascades: dict[str, CascadeState] = field(default_factory=dict)  # by name: each cascade's budget and timings
 
 
 async def open_services(settings: Settings, prompts: PromptStore, metrics: Metrics,
@@ -64,4 +66,5 @@ async def open_services(settings: Settings, prompts: PromptStore, metrics: Metri
         stack.push_async_callback(probes.close)  # before the audit log closes
     return Services(settings=settings, registry=BackendRegistry(settings), prompts=prompts, upstream=upstream,
                     metrics=metrics, audit=audit, media=media, quality=quality,
-                    answer_tokens=AnswerTokenIds(upstream), frame_store=frame_store, probes=probes)
+                    answer_tokens=AnswerTokenIds(upstream), frame_store=frame_store, probes=probes,
+                    cascades={name: CascadeState(name, cfg) for name, cfg in settings.cascades.items()})

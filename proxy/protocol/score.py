@@ -89,6 +89,29 @@ class QualityStatus(BaseModel):
     key: QualityKey
 
 
+class CascadeStageInfo(BaseModel):
+    """One stage of a cascade that ran: its score, its cost, and why the episode went on past it."""
+
+    backend: str
+    score: float
+    raw_score: float
+    usage: dict[str, Any] | None = None
+    attempts: int
+    seconds: float
+    went_on: Literal["band", "disagree", "audit"] | None = None  # None: the episode stopped here
+
+
+class CascadeInfo(BaseModel):
+    name: str
+    stages: list[CascadeStageInfo]  # every stage that ran, in order; the last one's score is the answer
+    final_stage: str
+    # why no later stage ran: sure (outside the band, not drawn for the audit), budget (the batch's or
+    # the window's share was used), deadline (the caller's budget could not cover the next stage);
+    # None when the last stage ran
+    stopped: Literal["sure", "budget", "deadline"] | None = None
+    threshold: float
+
+
 class ScoreResponse(BaseModel):
     score: float  # normalised to [0, 1]
     raw_score: float  # the number as the model wrote it
@@ -119,6 +142,8 @@ class ScoreResponse(BaseModel):
     # The live reward-quality monitor on this episode's (run, backend, task), once an episode of it carried
     # env_success: {"status": ok | alarm | unknown, "reason", "key": {run, backend, task_id}} (docs/reward-quality.md)
     quality: QualityStatus | None = None
+    # a cascade's answer: every stage that ran (the top-level usage and attempts are their sums)
+    cascade: CascadeInfo | None = None
 
 
 class BatchScoreRequest(BaseModel):

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from proxy.config import BackendConfig, Settings
+from proxy.config import BackendConfig, Settings, split_credentials
 from proxy.errors import RETRYABLE_UPSTREAM, InvalidRequest, UnknownBackend, UpstreamError, UpstreamTimeout
 from proxy.metrics import Metrics
 from proxy.upstream.pool import Endpoint, EndpointPool, Reservation
@@ -128,11 +128,23 @@ class BackendRegistry:
     """Backends by name, served model name and alias; the first configured one is the default."""
 
     def __init__(self, settings: Settings) -> None:
-        self.backends = {
-            name: Backend(name, cfg, EndpointPool(cfg.endpoints, cfg.admission, cfg.circuit, cfg.routing))
-            for name, cfg in settings.backends.items()
-        }
+        # Backends that name the same replicas share one pool (config checks they name the same
+        # endpoints and configure the pool alike): one replica's calls in flight, circuit and queue
+        # are counted once, whichever backend (a cascade's stage, another prompt) calls it.
+        pools: dict[tuple[str, ...], EndpointPool] = {}
+        self.backends = {}
+        for name, cfg in settings.backends.items():
+            replicas = tuple(split_credentials(url)[0] for url in cfg.endpoints)
+            pool = pools.get(replicas) or pools.setdefault(
+                replicas, EndpointPool(cfg.endpoints, cfg.admission, cfg.circuit, cfg.routing))
+            self.backends[name] = Backend(name, cfg, pool)
         self._by_label = {label: b for b in self.backends.values() for label in b.labels}
+        self.cascades = dict(settings.cascades)
+        self._cascade_by_label = {label: name for name, c in self.cascades.items() for label in (name, *c.aliases)}
+
+    def cascade(self, label: str | None) -> str | None:
+        """The name of the cascade `label` names, if it names one."""
+        return self._cascade_by_label.get(label) if label is not None else None
 
     def of_kind(self, kind: str) -> list[Backend]:
         return [b for b in self.backends.values() if b.config.kind == kind]
@@ -145,10 +157,13 @@ class BackendRegistry:
             if not fitting:
                 raise UnknownBackend(f"no {kind} backend is configured (kind: {kind})", field=field)
             return fitting[0]
+        if label in self._cascade_by_label:
+            raise InvalidRequest(f"{field} {label!r} is a cascade: it serves /score and /score/batch, where its stages "
+                                 "are asked in turn; this route takes one of its stages' backends", field=field)
         try:
             backend = self._by_label[label]
         except KeyError:
-            known = sorted(self._by_label)
+            known = sorted([*self._by_label, *self._cascade_by_label])
             raise UnknownBackend(f"unknown {field} {label!r}; known: {', '.join(known)}", field=field) from None
         if kind is not None and backend.config.kind != kind:
             route = "POST /progress/batch" if backend.config.kind == "embedding" else "/score and /compare"
