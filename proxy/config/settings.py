@@ -7,6 +7,7 @@ typo fails at start-up with the dotted path of the bad key.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -233,9 +234,7 @@ class Settings(_Strict):
                 first = self.backends[other]
                 if [split_credentials(u)[0] for u in first.endpoints] != [split_credentials(u)[0]
                                                                          for u in backend.endpoints]:
-                    raise ValueError(f"backends {other!r} and {name!r} share the replica {split_credentials(url)[0]} "
-                                     "but not all their endpoints: backends on the same replicas share one pool, so "
-                                     "give them the same endpoint list")
+                    continue  # not one pool: warnings() says so
                 for key in ("admission", "circuit", "routing"):
                     if getattr(first, key) != getattr(backend, key):
                         raise ValueError(f"backends {other!r} and {name!r} share their replicas (one pool) but "
@@ -256,11 +255,14 @@ class Settings(_Strict):
                     raise ValueError(f"{where}: {stage.backend!r} must be a chat backend with a video layout "
                                      "(qwen_video or primo_interleave): the stages share one decode of the episode")
                 stages.append(backend)
-            first = stages[0].frames
+            # The frames are the decoding stage's (its clamp too), so what makes a sent frame must agree.
+            first = stages[0].frames.model_dump(exclude={"clamp_nframes_to"})
             for index, backend in enumerate(stages[1:], start=1):
-                if backend.frames != first:
-                    raise ValueError(f"cascades.{name}.stages[{index}]: its frames settings differ from stages[0]'s; "
-                                     "the episode is decoded once for every stage, so give them the same frames")
+                differ = sorted(k for k, v in backend.frames.model_dump(exclude={"clamp_nframes_to"}).items()
+                                if first[k] != v)
+                if differ:
+                    raise ValueError(f"cascades.{name}.stages[{index}]: frames.{', frames.'.join(differ)} differ from "
+                                     "stages[0]'s; the episode is decoded once for every stage, so give them the same")
         return self
 
     def proxy_api_key(self) -> str | None:
@@ -272,12 +274,19 @@ class Settings(_Strict):
         return os.environ.get(env) or None if env else None
 
     def warnings(self) -> list[str]:
-        return [
+        said = [
             f"backend {name!r}: request_mm_kwargs is off; vLLM will use its server defaults "
             "(at most --media-io-kwargs num_frames, 32 unless set, and fps 1.0)"
             for name, backend in self.backends.items()
             if not backend.request_mm_kwargs
         ]
+        lists = {name: [split_credentials(u)[0] for u in b.endpoints] for name, b in self.backends.items()}
+        for first, second in itertools.combinations(lists, 2):
+            shared = sorted(set(lists[first]) & set(lists[second]))
+            if shared and lists[first] != lists[second]:
+                said.append(f"backends {first!r} and {second!r} share {', '.join(shared)} but not all their endpoints: "
+                            "each counts its own calls in flight there (one pool needs the same endpoint list)")
+        return said
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:
@@ -334,6 +343,7 @@ def load_settings(path: str | Path, endpoints: Mapping[str, list[str]] | None = 
     data = read_config(path)
     if only:
         data["backends"] = only_backends(data.get("backends"), only, path)
+        data["cascades"] = _cascades_of(data.get("cascades"), data["backends"])
     if endpoints is not None and not (isinstance(endpoints, dict) and all(
             isinstance(u, list) and all(isinstance(x, str) for x in u) for u in endpoints.values())):
         raise ConfigError("endpoints must map backend names to lists of URLs, e.g. {\"qwen\": [\"http://h:8001/v1\"]}")
@@ -356,6 +366,18 @@ def only_backends(backends: Any, only: Sequence[str], path: Path) -> dict:
             raise ConfigError(f"backend {wanted!r} is not in config {path} (backends: {', '.join(backends)})")
         keep.add(name)
     return {name: cfg for name, cfg in backends.items() if name in keep}
+
+
+def _cascades_of(cascades: Any, backends: dict) -> dict:
+    """The cascades whose every stage is among `backends` (names or aliases): the others need a
+    backend this run does not start."""
+    if not isinstance(cascades, dict):
+        return {}
+    labels = {label for name, cfg in backends.items()
+              for label in (name, *((cfg.get("aliases") or []) if isinstance(cfg, dict) else []))}
+    return {name: cascade for name, cascade in cascades.items()
+            if isinstance(cascade, dict) and all(isinstance(stage, dict) and stage.get("backend") in labels
+                                                 for stage in cascade.get("stages") or [])}
 
 
 def read_config(path: Path) -> dict:

@@ -6,21 +6,24 @@ the proxy's code. One proxy and one fake serve the module (the fake is reset bet
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from proxy.config import settings_from_dict
+from rlinf_client import RewardClient
 from tests.conftest import PROMPTS_DIR, QWEN_MODEL, libero_settings_dict
 from tests.fakes.episodes import episode_frames, npy_b64
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
-from tests.helpers import HANG_S
+from tests.helpers import HANG_S, wait_until
 from vlm_protocol.wire import BUDGET_HEADER
 
 FRAMES = npy_b64(episode_frames(8, 64, 64))
@@ -178,3 +181,34 @@ def test_frame_rules_and_other_routes(stack):
     assert rules["cheap_first"]["labels"] == ["cheap_first"] and rules["cheap_first"]["layout"] == "qwen_video"
     dense = stack.http.post("/score/dense", json={**episode("task 0", "cheap_first"), "points": 2})
     assert dense.status_code == 422 and "cascade" in dense.json()["error"]["message"]
+
+
+def test_stages_on_one_replica_share_its_pool(stack):
+    """A call in flight of the P(done) stage is in flight for the Qwen backend too: one replica,
+    one count (its cap, circuit and queue are the same for both)."""
+    held = threading.Event()
+    stack.fake.fake.script({"hold": held})
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(stack.score, "task 0")
+        try:
+            wait_until(lambda: stack.fake.fake.state.chat_count >= 1, HANG_S, "the P(done) call to reach the replica")
+            health = stack.http.get("/health").json()["backends"]
+            assert health["p_done"]["endpoints"][0]["in_flight"] == 1
+            assert health["qwen"]["endpoints"][0]["in_flight"] == 1  # the same replica's one call
+        finally:
+            held.set()
+        assert pending.result(timeout=HANG_S).status_code == 200
+
+
+def test_the_rlinf_client_scores_through_a_cascade_on_its_default_path(stack):
+    """By the cascade's name, with the client's defaults: it encodes at the cascade's frame rules
+    (the decoding stage's, stills included) and the proxy forwards its JPEGs as they are."""
+    frames = episode_frames(40, 128, 128)
+    with RewardClient(endpoint=f"{stack.proxy.url}/score", backend="cheap_first", fallback="raise") as client:
+        result = client.score_episode(frames, "task 0")
+    answer = result.response
+    stages = answer["cascade"]["stages"]
+    assert result.ok and result.score == stages[-1]["score"]  # the last stage that ran (the audit may go on)
+    assert answer["backend"] == "cheap_first" and stages[0]["backend"] == "p_done"
+    assert stages[0]["score"] == pytest.approx(TASKS["task 0"][0], abs=1e-6)
+    assert answer["frames"]["forwarded"] == answer["frames"]["count"] > 0  # the client's JPEGs, not re-encoded
