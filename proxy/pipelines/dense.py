@@ -1,14 +1,14 @@
-"""POST /score/dense: one episode's progress curve — k prefixes, each scored as /score scores an
-episode that ended there, concurrently, from one decode of the source.
+"""POST /score/dense: one episode's progress curve, from k prefixes scored concurrently on one
+decode of the source.
 
-Each prefix is a full /score (template, layout, retries, parsing, metrics) with `prefix_end` set,
-so a PRIMO-R1 prefix is [first frame, frames up to t, frame t, text], exactly its training input
-at step t. The source is decoded once at the union of the prefixes' frames, and a frame's JPEG is
-made once per size. The curve is all or nothing: a curve with a hole is not a curve, so the first
-point that fails fails the request (its error, naming the point) and the others are cancelled.
-Points are capped by proxy.max_batch_items (k points are k calls, like a batch of k).
-Audit lines: one per point, `kind: dense_point`, so reports never count a prefix as an episode;
-`dense: {point, points, curve}` places it in its curve (`report` computes each curve's VOC).
+Each prefix is scored as /score would score an episode that ended there (`prefix_end`), so a
+PRIMO-R1 prefix is exactly its training input at step t: the first frame, the frames up to t, and
+frame t. The source is decoded once at the union of the prefixes' frames, and a frame's JPEG is made
+once per size. A curve with a hole is not a curve, so the first point that fails fails the request
+(its error names the point) and the others are cancelled. Points are capped by
+proxy.max_batch_items, since k points are k calls. Each point writes its own audit line of kind
+`dense_point`, placed in its curve by `dense: {point, points, curve}`, so reports never count a
+prefix as an episode. A GVL backend (layout shuffled_images) answers the whole curve in one call.
 """
 
 from __future__ import annotations

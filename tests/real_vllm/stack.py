@@ -45,6 +45,7 @@ QWEN_ONE_ASK = "qwen_one_ask"
 QWEN_DIGIT = "qwen_digit"  # qwen_one_ask on a 0-9 template: one token per value (logprob scores)
 # qwen_one_ask on the shipped field methods' templates: TOPReward's P(done), RoboReward's 1-5
 QWEN_P_DONE, QWEN_ROBOREWARD = "qwen_p_done", "qwen_roboreward"
+CASCADE_ALWAYS, CASCADE_NEVER = "p_done_always_on", "p_done_never_on"  # cascades on the Qwen replicas
 QWEN_GVL = "qwen_gvl"  # GVL's one-call progress: layout shuffled_images, an image per frame on the Qwen replicas
 GVL_IMAGES = 9  # the reference frame and 8 shown frames: the Qwen replicas take this many images too
 # qwen_one_ask with a second camera (frames.extra_view): its own video (the Qwen replicas take two), or
@@ -180,6 +181,12 @@ def stack_config(*, model_dir: Path, ports: dict[str, int], media_root: Path, au
         "backends": {QWEN: qwen, PRIMO: primo, QWEN_ONE_ASK: one_ask, QWEN_DIGIT: digit, QWEN_P_DONE: p_done,
                      QWEN_ROBOREWARD: roboreward, QWEN_GVL: gvl, QWEN_TWO_VIDEOS: two_videos,
                      QWEN_SIDE_BY_SIDE: side_by_side, EMBED: embed},
+        # P(done), then the generating backend, on the same two replicas (one pool): always on
+        # (a band that holds every score) and never on (a band no probability falls in exactly).
+        "cascades": {CASCADE_ALWAYS: {"stages": [{"backend": QWEN_P_DONE, "band": [0.0, 1.0]},
+                                                 {"backend": QWEN_ONE_ASK}]},
+                     CASCADE_NEVER: {"stages": [{"backend": QWEN_P_DONE, "band": [2e-9, 2e-9], "audit_fraction": 0.0},
+                                                {"backend": QWEN_ONE_ASK}]}},
     }
 
 
