@@ -118,13 +118,9 @@ def _document(app: FastAPI, settings: Settings, prompts: PromptStore) -> dict[st
         if (rule := _logprob_scale_rule(settings, prompts)) is not None:
             schemas[name].setdefault("allOf", []).append(rule)
     dense = schemas["DenseRequest"]["properties"]
-    dense["prefix_end"] = {"type": "null", "default": None, "description": "chosen per point: points or prefix_ends"}
     dense["points"]["anyOf"][0]["maximum"] = proxy.max_batch_items
     dense["prefix_ends"]["anyOf"][0]["maxItems"] = proxy.max_batch_items
     dense["prefix_ends"]["anyOf"][0]["uniqueItems"] = True
-    schemas["DenseRequest"].setdefault("not", {"required": ["points", "prefix_ends"],
-                                               "properties": {"points": {"type": "integer"},
-                                                              "prefix_ends": {"type": "array"}}})
     if "ViewSource" in schemas:  # extra_view: the same inline-frame cap as the main view
         schemas["ViewSource"]["properties"]["frames"]["anyOf"][0]["maxItems"] = proxy.max_inline_frames
     schemas["BatchScoreRequest"]["properties"]["items"]["maxItems"] = proxy.max_batch_items

@@ -1,14 +1,18 @@
 """What every surface of the proxy's API shares: the episode's metadata, a source of frames, what
 was sent (the prompt, the frames), the error body, and how a pydantic refusal reads as our 422.
 
-Numbers are read as sent (`json_number`): JSON Schema's number is neither a string nor a boolean.
+The served API document is these models' JSON schema, so a model states in its schema every rule
+about a request's shape (a minimum length, which fields go together), and a client generated from
+the document cannot build a request the proxy refuses for its shape; what only the content tells
+(an image that does not decode) stays a documented 422. Numbers are read as sent (`json_number`):
+JSON Schema's number is neither a string nor a boolean.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from proxy.errors import InvalidRequest
 
@@ -70,12 +74,38 @@ class EpisodeMetadata(BaseModel):
         return self
 
 
-def _not_null(field: str) -> dict[str, Any]:
+def not_null(field: str) -> dict[str, Any]:
+    """The schema of an object where `field` is given, and not as null."""
     return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
+SOURCES = ("video_path", "frames", "frames_npy")
+
+
+def one_source() -> dict[str, Any]:
+    """FrameSource's rule as schema: exactly one source given (and not as null)."""
+    return {"oneOf": [not_null(name) for name in SOURCES]}
 
 
 # Custom string formats, so a document reader (and schemathesis) knows what a valid value is.
 IMAGE_FORMAT, NPY_FORMAT, MEDIA_PATH_FORMAT = "image-base64", "npy-base64", "media-path"
+
+
+def _filled(what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not value:
+            raise ValueError(f"an empty string is not {what}")
+        return value
+    return AfterValidator(check)
+
+
+# Each a string of its format, non-empty: the document says so (minLength), the validator in words.
+ImageBase64 = Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT, "minLength": 1}),
+                        _filled("an image (base64 of a PNG or JPEG)")]
+NpyBase64 = Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT, "minLength": 1}),
+                      _filled("a .npy array (base64)")]
+# An absolute path: the document's pattern; media/file.py refuses a relative one, naming the rule.
+MediaPath = Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT, "pattern": "^/"})]
 
 
 class FrameSource(BaseModel):
@@ -83,19 +113,18 @@ class FrameSource(BaseModel):
     base64 PNG/JPEG images of one size, in order (data: URLs accepted); or base64 of a .npy uint8
     TxHxWx3 array. The main view of /score and /compare, and the second camera (extra_view)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "oneOf": [_not_null("video_path"), _not_null("frames"), _not_null("frames_npy")]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra=one_source())
 
-    video_path: Annotated[str, Field(json_schema_extra={"format": MEDIA_PATH_FORMAT})] | None = None
-    frames: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(None, min_length=1)
-    frames_npy: Annotated[str, Field(json_schema_extra={"format": NPY_FORMAT})] | None = None
+    video_path: MediaPath | None = None
+    frames: list[ImageBase64] | None = Field(None, min_length=1)
+    frames_npy: NpyBase64 | None = None
 
     def source_name(self) -> str:
-        return next(n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None)
+        return next(n for n in SOURCES if getattr(self, n) is not None)
 
     @model_validator(mode="after")
     def _one_source(self) -> FrameSource:
-        given = [n for n in ("video_path", "frames", "frames_npy") if getattr(self, n) is not None]
+        given = [n for n in SOURCES if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of video_path, frames, frames_npy (got {', '.join(given)})" if given
                              else "no frame source: give exactly one of video_path, frames, frames_npy")
@@ -162,11 +191,12 @@ def validation_error(errors: list[Any]) -> InvalidRequest:
         detail = (first.get("ctx") or {}).get("error")
         return InvalidRequest("the request body is not valid JSON" + (f" ({detail})" if detail else ""),
                               field="body")
+    message = str(first["msg"]).removeprefix("Value error, ")  # our validators' words, as written
     if loc == ("body",):
-        if first.get("type") == "missing":
-            return InvalidRequest("the request needs a JSON object body", field="body")
-        if first.get("type") == "value_error":  # a rule across the object's fields, so it is an object
-            return InvalidRequest(str(first["msg"]).removeprefix("Value error, "), field="body")
-        return InvalidRequest(f"the request body is not a JSON object: {first['msg']}", field="body")
+        if first.get("type") == "value_error":  # a rule between fields, from a model validator
+            return InvalidRequest(message, field="body")
+        missing = first.get("type") == "missing"
+        return InvalidRequest("the request needs a JSON object body" if missing
+                              else f"the request body is not a JSON object: {message}", field="body")
     field = ".".join(str(p) for p in loc if p != "body") or None
-    return InvalidRequest(f"{field}: {first['msg']}" if field else str(first["msg"]), field=field)
+    return InvalidRequest(f"{field}: {message}" if field else message, field=field)

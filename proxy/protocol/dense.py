@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from proxy.protocol.common import json_number
+from proxy.protocol.common import ImageBase64, json_number, one_source
 from proxy.protocol.score import QualityStatus, ScoreRequest, ScoreResponse
 
 
@@ -17,12 +17,23 @@ class DenseRequest(ScoreRequest):
     """POST /score/dense: one episode scored at several prefixes (each as /score would score an episode
     that ended there) → a progress curve. Costs one scoring call per point, run concurrently."""
 
+    # One source, and points or prefix_ends (not both): the document's rule, as the validators'.
+    model_config = ConfigDict(json_schema_extra={**one_source(), "not": {
+        "required": ["points", "prefix_ends"],
+        "properties": {"points": {"type": "integer"}, "prefix_ends": {"type": "array"}}}})
+
     points: int | None = Field(None, ge=2)  # prefixes ending evenly over the episode, the last at its end
     # or exactly these source frame indices, increasing
     prefix_ends: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=2)
     # One decode serves every prefix of a curve, one camera's: a second view is not served here (yet);
     # the document says so, and a request with one is refused (score prefixes with /score and prefix_end).
     extra_view: None = Field(None, description="not served on /score/dense: one camera per curve")
+    # Chosen per point; the document says null only, the validator says why in words.
+    prefix_end: Annotated[int | None, WithJsonSchema({
+        "type": "null", "default": None, "description": "chosen per point: points or prefix_ends"})] = None
+    stills: Annotated[list[ImageBase64] | None, WithJsonSchema({
+        "type": "null", "default": None,
+        "description": "not taken here: each point's stills are its own prefix's first and last frame"})] = None
 
     @field_validator("points", mode="before")
     @classmethod

@@ -7,19 +7,26 @@ that item's 422) and ScoreRequest in the document.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.protocol.common import (
-    IMAGE_FORMAT,
     EpisodeMetadata,
     ErrorDetail,
     FramesInfo,
     FrameSource,
+    ImageBase64,
     PromptInfo,
     json_number,
+    not_null,
+    one_source,
 )
+
+# Caller-made stills come with `frames` only, and not with a second camera (the proxy makes them
+# from both views then). Beside the sources' oneOf, not inside it: a branch that failed for its
+# stills would let two sources pass as one.
+_STILLS_RULE = {"anyOf": [{"not": not_null("stills")}, {**not_null("frames"), "not": not_null("extra_view")}]}
 
 
 class ViewSource(FrameSource):
@@ -31,12 +38,13 @@ class ScoreRequest(FrameSource):
     """POST /score: the episode's frames (exactly one source) and what to score them for. Field
     names follow the seed server so its clients keep working."""
 
+    model_config = ConfigDict(json_schema_extra={**one_source(), "allOf": [_STILLS_RULE]})
+
     task_text: str = Field(min_length=1, max_length=4096)
     # With `frames`, for a layout that sends the first and last frame as still images (PRIMO-R1's):
     # those two stills as the caller encoded them (GET /frame-rules gives their size), instead of
     # the proxy making them from the first and last frame.
-    stills: list[Annotated[str, Field(json_schema_extra={"format": IMAGE_FORMAT})]] | None = Field(
-        None, min_length=2, max_length=2)
+    stills: list[ImageBase64] | None = Field(None, min_length=2, max_length=2)
     # The rules id (GET /frame-rules) the caller encoded its frames for: a 409 frame_rules_changed
     # if the backend's rules are not those now, rather than forwarding frames made for other sizes.
     frame_rules: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")

@@ -4,7 +4,9 @@ every status and content type documented, schema-valid requests accepted, invali
 
 What a valid value of the media fields is, the document says with custom formats; the strategies
 below generate such values (images of one size, .npy arrays, paths of real videos under the
-allowed root), so the fuzzer exercises the pipeline rather than only the validators."""
+allowed root), so the fuzzer exercises the pipeline rather than only the validators. They also
+yield what a format's name does not rule out — the empty string, a relative path — so that only
+the document's own rules (minLength, pattern) keep those out of a valid request."""
 
 from __future__ import annotations
 
@@ -52,9 +54,9 @@ def _npy(count: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-schemathesis.openapi.format(IMAGE_FORMAT, st.integers(0, 255).map(_png))
-schemathesis.openapi.format(NPY_FORMAT, st.integers(1, 6).map(_npy))
-schemathesis.openapi.format(MEDIA_PATH_FORMAT, st.sampled_from(VIDEOS))
+schemathesis.openapi.format(IMAGE_FORMAT, st.one_of(st.just(""), st.integers(0, 255).map(_png)))
+schemathesis.openapi.format(NPY_FORMAT, st.one_of(st.just(""), st.integers(1, 6).map(_npy)))
+schemathesis.openapi.format(MEDIA_PATH_FORMAT, st.sampled_from(["", "episode0.mp4", *VIDEOS]))
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +110,13 @@ def test_the_document_lists_every_route(api_document):
 
 
 def _frame_count(body: dict) -> int | None:
-    """Frames in a generated request's episode (the strategies above make every source readable)."""
-    if body.get("video_path") is not None:
+    """Frames in a generated request's episode; None where its source cannot be read (the request
+    is then answered as it was generated)."""
+    if body.get("video_path") in VIDEOS:
         return 6
-    if body.get("frames") is not None:
+    if isinstance(body.get("frames"), list):
         return len(body["frames"])
-    if body.get("frames_npy") is not None:
+    if body.get("frames_npy"):
         return int(np.load(io.BytesIO(base64.b64decode(body["frames_npy"]))).shape[0])
     return None
 
@@ -121,15 +124,17 @@ def _frame_count(body: dict) -> int | None:
 def _within_the_episode(case):
     """Where a frame index must exist in the episode (prefix_end, a dense curve's points), a
     content-dependent 422 the document cannot state: bring the index into the episode, or leave the
-    case out when it cannot be (a one-frame episode has no curve). Caller-made stills and a frame rules
-    id depend on the backend's layout and the proxy's current rules, which the document cannot state
-    either: left out here (tests/client/test_ready_frames.py proves both); so does a second camera
-    (extra_view), which a backend takes only when its frames.extra_view places one
-    (tests/service/test_two_cameras.py)."""
+    case out when it cannot be (a one-frame episode has no curve). Caller-made stills beside frames and
+    a frame rules id depend on the backend's layout and the proxy's current rules, which the document
+    cannot state either: left out here (tests/client/test_ready_frames.py proves both); so does a
+    second camera (extra_view), which a backend takes only when its frames.extra_view places one
+    (tests/service/test_two_cameras.py). Stills beside another source are the document's to refuse:
+    they stay."""
     body, count = case.body, None
     for episode in [body, *(body.get("items") or [])] if isinstance(body, dict) else []:
         if isinstance(episode, dict):
-            episode.pop("stills", None)
+            if episode.get("frames") is not None:
+                episode.pop("stills", None)
             episode.pop("frame_rules", None)
             episode.pop("extra_view", None)
     if case.operation.path.startswith("/progress/") and isinstance(body, dict) and isinstance(body.get("items"), list):
@@ -262,3 +267,41 @@ def test_the_document_states_how_the_estimate_keys_combine(running_proxy, api_do
                 assert status == 200, f"the document allows {kwargs} on {backend}, the proxy refused it"
                 accepted_by_both += 1
     assert accepted_by_both >= 20  # the grid exercises valid combinations, not only refusals
+
+
+def test_the_document_states_the_minimum_lengths_and_the_stills_rule(running_proxy):
+    """What the proxy refuses for its shape, the document refuses too, so a client generated from it
+    cannot build such a request: an empty image or .npy, a relative path, stills beside another source."""
+    import jsonschema_rs  # schemathesis' own validator
+
+    document = httpx.get(f"{running_proxy.url}/openapi.json", timeout=10, trust_env=False).json()
+
+    def documented(name: str, body: dict) -> bool:
+        return jsonschema_rs.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                                   "components": document["components"]},
+                                                  validate_formats=False).is_valid(body)
+
+    png, npy, video = _png(9), _npy(3), VIDEOS[0]
+    labelled = {"task_id": 1, "env_success": False}
+    cases = [("ScoreRequest", {"frames": [png, png]}, {"frames": [png, ""]}),
+             ("ScoreRequest", {"frames_npy": npy}, {"frames_npy": ""}),
+             ("ScoreRequest", {"video_path": video}, {"video_path": "episode0.mp4"}),
+             ("ScoreRequest", {"frames": [png, png], "stills": [png, png]}, {"frames_npy": npy, "stills": [png, png]}),
+             ("ScoreRequest", {"frames": [png], "extra_view": {"frames": [png]}},
+              {"frames": [png], "stills": [png, png], "extra_view": {"frames": [png]}}),
+             ("ScoreRequest", {"video_path": video}, {"video_path": video, "stills": [png, png]}),
+             ("DenseRequest", {"frames": [png, png, png]}, {"frames": [png, png, png], "stills": [png, png]}),
+             ("DenseRequest", {"frames_npy": npy}, {"frames_npy": ""})]
+    with httpx.Client(base_url=running_proxy.url, timeout=30, trust_env=False) as http:
+        for name, valid, refused in cases:
+            valid, refused = {"task_text": "t", **valid}, {"task_text": "t", **refused}
+            assert documented(name, valid), (name, valid)
+            assert not documented(name, refused), (name, refused)
+            path = "/score/dense" if name == "DenseRequest" else "/score"
+            assert http.post(path, json=refused).status_code == 422, refused
+    compare = {"task_text": "t", "episodes": [{"frames": [png]}, {"frames_npy": ""}]}
+    assert not documented("CompareRequest", compare)
+    assert documented("CompareRequest", {**compare, "episodes": [{"frames": [png]}, {"frames_npy": npy}]})
+    item = {"task_text": "t", "frames_npy": npy, "metadata": labelled}
+    assert documented("ProgressBatchRequest", {"items": [item]})
+    assert not documented("ProgressBatchRequest", {"items": [{**item, "stills": [png, png]}]})
