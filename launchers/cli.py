@@ -57,13 +57,13 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                     help="print the commands, GPU assignment and checks; start nothing")
     up.add_argument("--allow-gpu-overlap", action="store_true",
                     help="allow two replicas on one GPU (an error otherwise)")
-    up.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    up.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                     help=f"seconds to wait for all servers to be ready (default {DEFAULT_TIMEOUT_S:g})")
-    up.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+    up.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
                     help=f"seconds between SIGTERM and SIGKILL at shutdown (default {DEFAULT_GRACE_S:g})")
-    up.add_argument("--poll-interval", type=float, default=1.0, metavar="S",
+    up.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
                     help="seconds between readiness probes and liveness checks (default 1)")
-    up.add_argument("--progress-interval", type=float, default=15.0, metavar="S",
+    up.add_argument("--progress-interval", type=float, default=15.0, metavar="SECONDS",
                     help="seconds between 'still loading' lines (default 15)")
     up.add_argument("--runs-dir", default="runs", metavar="DIR",
                     help="where run directories and the pid file go (default ./runs)")
@@ -100,7 +100,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     down.add_argument("--runs-dir", default="runs", metavar="DIR", help="default ./runs")
     down.add_argument("--pid-file", default=None, metavar="FILE",
                       help=f"the pid file `up` wrote (default RUNS_DIR/{PID_FILE_NAME})")
-    down.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
+    down.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="SECONDS",
                       help=f"seconds between SIGTERM and SIGKILL (default {DEFAULT_GRACE_S:g})")
     down.set_defaults(func=run_down_command)
 

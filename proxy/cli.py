@@ -54,16 +54,16 @@ def add_subcommands(commands: argparse._SubParsersAction) -> None:
                     "(launchers/ or `vlm-reward-proxy up`).")
     serve.add_argument("--config", required=True, metavar="FILE",
                        help="YAML config with 'proxy' and 'backends' (see configs/libero.yaml)")
-    serve.add_argument("--host", default=None, metavar="H",
+    serve.add_argument("--host", default=None, metavar="HOST",
                        help="address to bind; default: proxy.host from the config (127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, metavar="P",
+    serve.add_argument("--port", type=int, default=None, metavar="PORT",
                        help="port to bind; default: proxy.port from the config (18080)")
     serve.add_argument("--only", action="append", default=None, metavar="NAME",
                        help="serve only this backend of the config (name or alias; repeatable)")
     serve.add_argument("--endpoints", default=None, metavar="FILE",
                        help="JSON {backend: [url, ...]} replacing those backends' endpoints "
                             "(written by `up --ray` once Ray has placed the replicas)")
-    serve.add_argument("--log-level", default="info", metavar="L",
+    serve.add_argument("--log-level", default="info", metavar="LEVEL",
                        choices=["critical", "error", "warning", "info", "debug"],
                        help="server log level: critical, error, warning, info or debug (default: info)")
     serve.add_argument("--access-log", action="store_true",

@@ -111,7 +111,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.add_argument("--frame-store", default=None, metavar="DIR",
                         help="the proxy's frame store (proxy.frame_store.dir), for the contact sheets")
-    parser.add_argument("--success-threshold", type=float, default=0.5, metavar="T",
+    parser.add_argument("--success-threshold", type=float, default=0.5, metavar="SCORE",
                         help="score >= T counts as success, as the RLinf client maps it (default: 0.5)")
     parser.add_argument("--worst", type=int, default=8, metavar="K",
                         help="contact sheets of the K episodes that disagree most, per backend (default: 8)")

@@ -112,8 +112,11 @@ def checked_path(video_path: str, allowed_roots: list[Path]) -> Path:
     except (OSError, RuntimeError) as err:  # symlink loop, name too long, ...
         raise MediaNotFound(f"video_path cannot be resolved: {type(err).__name__}", field="video_path") from err
     if not _under_a_root(resolved, allowed_roots):
-        # Say nothing about whether the file exists: that would leak the filesystem.
-        raise MediaForbidden("video_path is outside proxy.allowed_media_roots", field="video_path")
+        # The roots are named (a caller who may score is told where to write); whether the file
+        # exists is not (that would leak the filesystem).
+        roots = ", ".join(str(root) for root in allowed_roots)
+        raise MediaForbidden(f"video_path is outside proxy.allowed_media_roots ({roots}): write the episode "
+                             "under one of them", field="video_path")
     return resolved
 
 

@@ -167,7 +167,9 @@ def test_every_comparison_leaves_an_audit_line_and_counts_in_metrics(proxy_facto
         assert http.post("/compare", json=COMPARISON).status_code == 502
         metrics = http.get("/metrics").text
     server.flush_audit()
-    labelled, failed = (json.loads(line) for line in audit.read_text().splitlines())
+    lines = audit.read_text().splitlines()
+    assert len(lines) == 2, lines  # one line per comparison, labelled or failed
+    labelled, failed = (json.loads(line) for line in lines)
     assert labelled["kind"] == "compare" and labelled["label"] == 1
     assert labelled["metadata"] == [{"episode_id": 7}, None]
     assert labelled["orders"] == [{"order": [0, 1], "raw_label": 1, "label": 1, "source": "untagged",
