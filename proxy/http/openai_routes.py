@@ -19,7 +19,7 @@ from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
 from proxy.http.run_access import check_writes
 from proxy.pipelines.chat_scoring import completion, model_cards, parse_chat, score_chat, scoring_body
-from proxy.pipelines.passthrough import ChatPassthrough, RelayStream, routing_fields
+from proxy.pipelines.passthrough import RELAY_BOUND_HEADER, ChatPassthrough, RelayStream, routing_fields
 
 __all__ = ["router"]
 
@@ -83,11 +83,12 @@ async def chat_completions(request: Request, passthrough: PassthroughDep, servic
         return Response(status_code=499)
     relayed = relay.result()
     request.state.backend = relayed.backend
+    headers = {"x-upstream-attempts": str(relayed.attempts),
+               **({RELAY_BOUND_HEADER: relayed.bound} if relayed.bound is not None else {})}
     if relayed.stream is not None:
-        return RelayedStream(relayed.stream, media_type=relayed.media_type,
-                             headers={"x-upstream-attempts": str(relayed.attempts)})
+        return RelayedStream(relayed.stream, media_type=relayed.media_type, headers=headers)
     return Response(relayed.content, status_code=relayed.status_code, media_type=relayed.media_type,
-                    headers={"x-upstream-attempts": str(relayed.attempts)})
+                    headers=headers)
 
 
 async def _client_gone(request: Request) -> None:
