@@ -31,9 +31,17 @@ ProgressDep = Annotated[ProgressScorer, Depends(_progress)]
 
 
 @router.post("/progress/batch", response_model=ProgressBatchResponse,
-             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429))
+             responses=error_answers(*ALWAYS, 403, 404, 413, 422, 429, meanings={
+                 422: "the whole request: its shape (any item, either camera: a field the schema refuses, a cap "
+                      "on a request field, an extra_view the backend does not place or misses, two items of one "
+                      "task embedded differently); `field` names it. What only reading an item's media finds, "
+                      "in its main view or its extra_view alike (frames that do not decode, a file not there or "
+                      "not allowed, too many frames, two views of different lengths), is that item's own status "
+                      "inside the 200, and fails its task's other items (progress_group_failed)"}))
 async def progress_batch(body: ProgressBatchRequest, request: Request, progress: ProgressDep) -> JSONResponse:
-    """Per task, each failure's progress toward the task's successes (SRPO); successes are 1."""
+    """Per task, each failure's progress toward the task's successes (SRPO); successes are 1. One rule for
+    both cameras: the request's shape is checked whole (a 422 for the request), each item's media when it is
+    read (that item's status inside the 200, and its task's)."""
     check_batch_size(len(body.items), request.app.state.settings.proxy.max_batch_items)
     named = [(f"items[{i}].metadata.run", item.metadata.run if item.metadata else None)
              for i, item in enumerate(body.items)]
