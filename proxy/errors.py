@@ -14,6 +14,7 @@
     ├── Unauthorized              401  unauthorized         (proxy.api_key_env set, token wrong)
     ├── AdminDisabled             403  admin_disabled       (admin routes on a proxy without proxy.admin_api_key_env)
     ├── AdminKeyRequired          403  admin_key_required   (an admin route called with the scoring key)
+    ├── RunForbidden              403  run_forbidden        (a key limited to some runs named another; `field`)
     ├── EndpointHostForbidden     403  endpoint_host_forbidden (POST /admin/endpoints: host not in admin_endpoint_hosts)
     ├── UnknownBackend            404  unknown_backend
     ├── FrameRulesChanged         409  frame_rules_changed  (frames encoded for the backend's old frame rules)
@@ -150,6 +151,13 @@ class AdminKeyRequired(ProxyError):
     """The scoring key was sent to an admin route: a scorer is not an admin."""
 
     code = "admin_key_required"
+
+
+class RunForbidden(ProxyError):
+    """A key limited to some runs (proxy.run_keys) would write, or read, another run's episodes,
+    ground truth or references."""
+
+    code = "run_forbidden"
 
 
 class EndpointHostForbidden(ProxyError):

@@ -31,6 +31,9 @@ class Metrics:
                                "('length' = cut at max_tokens)", ["backend", "finish_reason"], registry=r)
         self.tokens = Counter("vlm_proxy_tokens_total", "Tokens vLLM reported (usage)",
                               ["backend", "kind"], registry=r)
+        self.relay_bounded = Counter("vlm_proxy_relay_bounded_total",
+                                     "Pass-through requests with media and no mm_processor_kwargs, sent with the "
+                                     "backend's max_pixels cap added (x-vlm-proxy-bound)", ["backend"], registry=r)
         self.upstream_calls = Counter("vlm_proxy_upstream_calls_total",
                                       "Calls to vllm serve by endpoint and result",
                                       ["backend", "endpoint", "result"], registry=r)

@@ -26,6 +26,7 @@ from rlinf_client._exceptions import (
     make_status_error,
 )
 from rlinf_client._frames import (
+    EpisodeFrameBuffer,
     encode_npy,
     encode_npy_b64,
     encode_ready,
@@ -54,6 +55,9 @@ class ScoreRequestBody:
     parts: dict[str, Part] = field(default_factory=dict)  # transport: binary; the raw parts the payload names
     steps: list[int] | None = None  # dense_points: the episode step of each frame sent (curve → steps)
     frame_rules: str | None = None  # the proxy's rules id its frames were encoded for (None: raw frames)
+    # Fewer frames picked than nframes and the episode allow, because the buffer kept only every
+    # k-th step (frame_stride, widened by buffer_frames): {wanted, sent, source_count, stride}.
+    frames_short: dict[str, int] | None = None
 
     @property
     def size(self) -> int:
@@ -140,6 +144,7 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     nframes = nframes or (rules.nframes_for(cfg.nframes) if ready else cfg.nframes)  # type: ignore[union-attr]
     prepared = prepare_frames(episode.frames, nframes, client_sampling)
     sent = prepared.count
+    short = frames_short(episode.frames, nframes, sent, prepared.source_count) if client_sampling else None
     used = sent if client_sampling else min(cfg.nframes, sent)
     real_fps = cfg.episode_fps * sent / max(prepared.source_count, 1)
     payload: dict[str, Any] = {"task_text": episode.task_text, "nframes": used,
@@ -187,7 +192,16 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     if cfg.dense_points:
         payload["points"] = max(2, min(cfg.dense_points, sent - 1))  # a short episode: fewer, or a clear 422
         return ScoreRequestBody(payload, temp_video, parts, steps=list(prepared.source_indices))
-    return ScoreRequestBody(payload, temp_video, parts, frame_rules=frame_rules)
+    return ScoreRequestBody(payload, temp_video, parts, frame_rules=frame_rules, frames_short=short)
+
+
+def frames_short(source: object, nframes: int, sent: int, source_count: int) -> dict[str, int] | None:
+    """What the frame buffer's stride left out, when it did: the episode had room for more frames
+    than were sent (the proxy's answer cannot say so: it sees only what was sent)."""
+    wanted = min(nframes, source_count)
+    if sent >= wanted or not isinstance(source, EpisodeFrameBuffer):
+        return None
+    return {"wanted": wanted, "sent": sent, "source_count": source_count, "stride": source.stride}
 
 
 async def build_request_body_async(episode: Episode, cfg: RewardModelConfig, rules: FrameRules | None = None,

@@ -262,10 +262,11 @@ class Scheduler:
         if isinstance(outcome, _ItemError):
             outcome = outcome.error
         self._release(pending)
-        self._settle(episodes, results, pending.index, outcome, pending.started, attempts=pending.attempts)
+        self._settle(episodes, results, pending.index, outcome, pending.started, attempts=pending.attempts,
+                     frames_short=pending.body.frames_short)
 
     def _settle(self, episodes: list[Episode], results: list, index: int, outcome: Outcome, started: float, *,
-                attempts: int = 0, raise_policy: bool = True) -> None:
+                attempts: int = 0, raise_policy: bool = True, frames_short: dict[str, int] | None = None) -> None:
         """Record an episode's final outcome; the failure policy applies here and nowhere else."""
         if results[index] is not None:
             return
@@ -273,7 +274,12 @@ class Scheduler:
         if isinstance(outcome, tuple):
             score, answer, *curve = outcome
             result = EpisodeScore(ok=True, value=score, score=score, attempts=attempts, latency_ms=latency_ms,
-                                  response=answer, curve=curve[0] if curve else None)
+                                  response=answer, curve=curve[0] if curve else None, frames_short=frames_short)
+            if frames_short is not None:
+                log.warning("episode %r was scored on %d frames where nframes and its %d steps allowed %d: the "
+                            "frame buffer kept every %d-th step (frame_stride, widened by buffer_frames)",
+                            episodes[index].task_text[:80], frames_short["sent"], frames_short["source_count"],
+                            frames_short["wanted"], frames_short["stride"])
         else:
             episode, policy = episodes[index], self.cfg.failure_policy
             code = getattr(outcome, "code", "error")

@@ -45,6 +45,10 @@ class EpisodeScore:
     latency_ms: float = 0.0  # prepare + send + retries
     response: dict[str, Any] | None = None  # the proxy's full ScoreResponse (DenseResponse with dense_points)
     curve: tuple[tuple[int, float], ...] | None = None  # dense_points: (episode step, score), `score` the last
+    # Set when fewer frames were sent than nframes and the episode allowed, because the frame buffer
+    # kept only every `stride`-th step (frame_stride, widened by buffer_frames):
+    # {"wanted", "sent", "source_count", "stride"}. The proxy's answer sees only what was sent.
+    frames_short: dict[str, int] | None = None
 
     @property
     def fallback(self) -> bool:
@@ -88,10 +92,12 @@ class ClientStats:
     retries: int = 0
     failure_reasons: collections.Counter = field(default_factory=collections.Counter)
     latency_ms_total: float = 0.0
+    frames_short: int = 0  # episodes sent with fewer frames than nframes and the episode allowed
 
     def record(self, result: EpisodeScore | EpisodeProgress) -> None:
         self.episodes += 1
         self.latency_ms_total += result.latency_ms
+        self.frames_short += getattr(result, "frames_short", None) is not None
         if result.ok:
             self.scored += 1
         else:
@@ -105,4 +111,4 @@ class ClientStats:
     def as_dict(self) -> dict[str, Any]:
         return {"episodes": self.episodes, "scored": self.scored, "failures": self.failures,
                 "requests": self.requests, "retries": self.retries,
-                "failure_reasons": dict(self.failure_reasons)}
+                "failure_reasons": dict(self.failure_reasons), "frames_short": self.frames_short}

@@ -91,6 +91,7 @@ class LiberoVLMReward:
         self.vlm_score = np.zeros(num_envs)  # the score behind the reward (fallback included)
         self.vlm_fallback = np.zeros(num_envs)  # 1 where that score is the fallback
         self.vlm_no_reference = np.zeros(num_envs)  # progress: 1 where a failure had no reference
+        self.vlm_frames_short = np.zeros(num_envs)  # 1 where fewer frames were sent than the episode allowed
         self.vlm_quality_alarm = np.zeros(num_envs)  # 1 where the proxy's answer said quality alarm
         self.failures = 0  # fallbacks since creation
         self.quality_alarms = 0  # episodes whose answer said quality alarm, since creation
@@ -130,7 +131,7 @@ class LiberoVLMReward:
         self.scored[ids] = False
         self.episodes_started[ids] += 1
         for array in (self.terminal_value, self.prev_value, self.vlm_score, self.vlm_fallback, self.vlm_no_reference,
-                      self.vlm_quality_alarm):
+                      self.vlm_quality_alarm, self.vlm_frames_short):
             array[ids] = 0.0
 
     def step_reward(self, obs: Mapping[str, Any], terminations: Any, truncations: Any,
@@ -163,8 +164,11 @@ class LiberoVLMReward:
         reward_source: progress, vlm_score is the progress (1 for a success) and vlm_no_reference
         marks the failures paid the native reward for want of a reference (env/vlm_no_reference).
         With reward_source: score, vlm_quality_alarm marks the episodes whose answer said quality
-        alarm (env/vlm_quality_alarm: the alarmed share; progress answers carry no quality)."""
-        info = {"vlm_score": self.vlm_score.astype(np.float32), "vlm_fallback": self.vlm_fallback.astype(np.float32)}
+        alarm (env/vlm_quality_alarm: the alarmed share; progress answers carry no quality).
+        vlm_frames_short marks the episodes scored on fewer frames than nframes and the episode allowed
+        (the frame buffer's stride; env/vlm_frames_short: their share)."""
+        info = {"vlm_score": self.vlm_score.astype(np.float32), "vlm_fallback": self.vlm_fallback.astype(np.float32),
+                "vlm_frames_short": self.vlm_frames_short.astype(np.float32)}
         if self.config.reward_source == "progress":
             info["vlm_no_reference"] = self.vlm_no_reference.astype(np.float32)
         else:
@@ -221,6 +225,7 @@ class LiberoVLMReward:
             self.vlm_quality_alarm[env] = 1.0 if alarm else 0.0
             no_reference = result.ok and getattr(result, "outcome", None) == "no_reference"
             self.vlm_no_reference[env] = 1.0 if no_reference else 0.0
+            self.vlm_frames_short[env] = 1.0 if getattr(result, "frames_short", None) is not None else 0.0
             self.scored[env] = True
             self.buffers[env].clear()  # the frames are no longer needed
             if self.extra_buffers is not None:

@@ -38,6 +38,8 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("admin_disabled", 403, False,
               "the admin routes (what the proxy trusts or pays) need proxy.admin_api_key_env (an admin key)"),
     ErrorCode("admin_key_required", 403, False, "the scoring key sent to an admin route (it takes only the admin key)"),
+    ErrorCode("run_forbidden", 403, False,
+              "a key limited to some runs (proxy.run_keys) named another run, or none; `field` names where"),
     ErrorCode("endpoint_host_forbidden", 403, False, "an endpoint whose host is not in proxy.admin_endpoint_hosts"),
     ErrorCode("frame_rules_changed", 409, False,
               "the frames were encoded for frame rules the backend no longer has (`current` names its rules "

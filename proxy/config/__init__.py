@@ -3,7 +3,7 @@
 The model is split by section (settings.py: the proxy and its backends; calls.py: how calls to a
 backend go; launch.py: how `up` starts its servers; stores.py: the files on disk;
 endpoint_urls.py: an endpoint URL's form and its credentials; endpoint_hosts.py: the hosts an
-admin may add; strict.py: the base of every model). Import from
+admin may add; run_keys.py: scoring keys limited to some runs; strict.py: the base of every model). Import from
 here: `from proxy.config import Settings, load_settings`.
 """
 
@@ -13,6 +13,7 @@ from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
 from proxy.config.endpoint_urls import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
 from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig
+from proxy.config.run_keys import RunKeyConfig, RunScope
 from proxy.config.settings import (
     BackendConfig,
     FramesConfig,
@@ -49,6 +50,8 @@ __all__ = [
     "ReplicaLaunch",
     "RetryConfig",
     "RoutingConfig",
+    "RunKeyConfig",
+    "RunScope",
     "SamplingConfig",
     "Settings",
     "check_endpoint_host",

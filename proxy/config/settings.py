@@ -29,6 +29,7 @@ from proxy.config.endpoint_hosts import EndpointHost
 from proxy.config.endpoint_urls import endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig
 from proxy.config.quality import QualityConfig
+from proxy.config.run_keys import RunKeyConfig
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
 from proxy.config.strict import PositiveInt
 from proxy.config.strict import StrictModel as _Strict
@@ -77,6 +78,9 @@ class ProxySettings(_Strict):
     # (proxy/http/admin_access.py); unset = those routes are off. It may also score; not the scoring key.
     admin_api_key_env: str | None = None
     admin_endpoint_hosts: list[EndpointHost] | None = None  # what POST /admin/endpoints may add; None: any
+    # Scoring keys limited to some runs (proxy/config/run_keys.py): each writes only its runs' episodes,
+    # ground truth and references. With any, every route but /health needs a key.
+    run_keys: list[RunKeyConfig] = Field(default_factory=list)
     # On SIGTERM/SIGINT: requests in flight get this long, then are answered 503 shutting_down.
     shutdown_grace_s: float = Field(10.0, ge=0, le=600)
 
@@ -85,6 +89,11 @@ class ProxySettings(_Strict):
         if self.admin_api_key_env is not None and self.admin_api_key_env == self.api_key_env:
             raise ValueError("admin_api_key_env must name another variable than api_key_env: with one key, "
                              "every scoring client would be an admin")
+        names = [self.api_key_env, self.admin_api_key_env, *(k.key_env for k in self.run_keys)]
+        named = [n for n in names if n is not None]
+        if len(set(named)) != len(named):
+            raise ValueError("api_key_env, admin_api_key_env and each run_keys[].key_env must name different "
+                             "variables: one key would hold two sets of rights")
         return self
 
 
@@ -272,6 +281,10 @@ class Settings(_Strict):
     def proxy_admin_key(self) -> str | None:
         env = self.proxy.admin_api_key_env
         return os.environ.get(env) or None if env else None
+
+    def proxy_run_keys(self) -> list[tuple[str | None, RunKeyConfig]]:
+        """Each run key's value (None when its variable is unset or empty) with its entry."""
+        return [(os.environ.get(k.key_env) or None, k) for k in self.proxy.run_keys]
 
     def warnings(self) -> list[str]:
         said = [

@@ -1,7 +1,9 @@
 """Who may change what the proxy trusts or pays, and which hosts it may be told to trust.
 
-Two keys (proxy.api_key_env, proxy.admin_api_key_env). The Edge classifies each request's bearer
-token once (`Credentials.role_of`) and notes the role in the request's scope; `AdminOnly`, the one
+Two keys (proxy.api_key_env, proxy.admin_api_key_env), and scoring keys limited to some runs
+(proxy.run_keys: a `scorer` whose writes proxy/http/run_access.py checks). The Edge classifies each
+request's bearer token once (`Credentials.caller_of`) and notes the role, and a limited key's runs,
+in the request's scope; `AdminOnly`, the one
 dependency of every route that changes what the proxy trusts or pays (`/admin/*`, `POST
 /progress/references`, and any such route later), turns the role into an answer:
 
@@ -21,6 +23,7 @@ from typing import Literal
 
 from fastapi import Depends, Request
 
+from proxy.config import RunScope
 from proxy.errors import AdminDisabled, AdminKeyRequired, Unauthorized
 
 __all__ = ["ADMIN_403", "AdminOnly", "Credentials", "Role", "require_admin"]
@@ -34,21 +37,30 @@ ADMIN_403 = ("admin_disabled: no proxy.admin_api_key_env is configured (these ro
 class Credentials:
     scoring_key: str | None = None
     admin_key: str | None = None
+    run_keys: tuple[tuple[str, RunScope], ...] = ()  # (key, the runs it may write)
 
     def __post_init__(self) -> None:
         if self.admin_key is not None and self.admin_key == self.scoring_key:
             raise ValueError("the admin key equals the scoring key: every scoring client would be an admin")
+        values = [k for k in (self.scoring_key, self.admin_key, *(k for k, _ in self.run_keys)) if k is not None]
+        if len(set(values)) != len(values):
+            raise ValueError("two of the keys (scoring, admin, run keys) have one value: one key would hold two "
+                             "sets of rights")
 
     @property
     def scoring_required(self) -> bool:
-        """Every route but /health needs a valid key (either one)."""
-        return self.scoring_key is not None
+        """Every route but /health needs a valid key (any one): a limited key means nothing if no key is needed."""
+        return self.scoring_key is not None or bool(self.run_keys)
 
-    def role_of(self, authorization: bytes) -> Role | None:
-        """Both keys compared in constant time, whichever matches."""
+    def caller_of(self, authorization: bytes) -> tuple[Role | None, RunScope | None]:
+        """The role of whichever key matches, and the runs of a limited one (None: unlimited). Every key
+        is compared, each in constant time, so the time taken says nothing of which one matched."""
         admin = self.admin_key is not None and hmac.compare_digest(authorization, _bearer(self.admin_key))
         scorer = self.scoring_key is not None and hmac.compare_digest(authorization, _bearer(self.scoring_key))
-        return "admin" if admin else ("scorer" if scorer else None)
+        limited = [scope for key, scope in self.run_keys if hmac.compare_digest(authorization, _bearer(key))]
+        if admin or scorer:
+            return ("admin" if admin else "scorer"), None
+        return ("scorer", limited[0]) if limited else (None, None)
 
 
 def _bearer(key: str) -> bytes:

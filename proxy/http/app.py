@@ -62,15 +62,17 @@ def _warn_unready(prober: Prober, registry: BackendRegistry) -> None:
 
 
 def _credentials(settings: Settings) -> Credentials:
-    """The scoring and admin keys (proxy/http/admin_access.py), each named variable set, the two different."""
+    """The scoring, admin and run keys (proxy/http/admin_access.py), each named variable set, all different."""
     proxy = settings.proxy
-    for key, env in (("api_key_env", proxy.api_key_env), ("admin_api_key_env", proxy.admin_api_key_env)):
+    for key, env in (("api_key_env", proxy.api_key_env), ("admin_api_key_env", proxy.admin_api_key_env),
+                     *((f"run_keys[{i}].key_env", k.key_env) for i, k in enumerate(proxy.run_keys))):
         if env and not os.environ.get(env):
             raise ConfigError(f"proxy.{key} names {env!r}, which is unset or empty")
+    run_keys = tuple((value, entry.scope) for value, entry in settings.proxy_run_keys() if value is not None)
     try:
-        return Credentials(settings.proxy_api_key(), settings.proxy_admin_key())
+        return Credentials(settings.proxy_api_key(), settings.proxy_admin_key(), run_keys)
     except ValueError as err:
-        raise ConfigError(f"proxy.admin_api_key_env: {err}; give the admin its own key") from err
+        raise ConfigError(f"proxy keys: {err}; give each key its own value") from err
 
 
 def create_app(settings: Settings) -> FastAPI:

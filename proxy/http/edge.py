@@ -2,9 +2,10 @@
 
 For every request it sets a request id (the caller's x-request-id, or a new one) on the response
 and in any error body, checks the bearer token when one is configured (every route but /health;
-the caller's role is noted for AdminOnly), caps the body (refused on its Content-Length, or as
-soon as a streamed body crosses the cap), counts the answer by route, backend and outcome, turns
-an unexpected exception into a logged `internal_error`, and enforces the shutdown gate. It is
+the caller's role is noted for AdminOnly, a limited key's runs for run_access), caps the body
+(refused on its Content-Length, or as soon as a streamed body crosses the cap), counts the answer
+by route, backend and outcome, turns an unexpected exception into a logged `internal_error`, and
+enforces the shutdown gate. It is
 plain ASGI because `@app.middleware("http")` costs a measurable share of the pass-through's CPU
 (docs/benchmarks.md, profiles).
 """
@@ -86,7 +87,8 @@ class Edge:
         request_id = request_id_of(headers)
         state = scope.setdefault("state", {})  # read back as request.state
         state["request_id"] = request_id
-        state["role"] = self.credentials.role_of(headers.get(b"authorization", b""))
+        # A limited key's runs (proxy/http/run_access.py); None for every other caller.
+        state["role"], state["runs"] = self.credentials.caller_of(headers.get(b"authorization", b""))
         route = scope["path"] if scope["path"] in self.routes else "unmatched"
         started = refused = False
         id_header = (b"x-request-id", request_id.encode("latin-1"))

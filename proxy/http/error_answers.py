@@ -27,7 +27,9 @@ __all__ = ["error_answers", "error_response", "install_handlers"]
 
 
 ERROR_MEANINGS = {
-    401: "missing or wrong bearer token (proxy.api_key_env)", 403: "video_path outside the allowed roots",
+    401: "missing or wrong bearer token (proxy.api_key_env)",
+    403: "video_path outside the allowed roots; run_forbidden: a key limited to some runs (proxy.run_keys) named "
+         "another run, or none (`field` names where)",
     404: "unknown backend",
     409: "frame_rules_changed: the frames were encoded for frame rules the backend no longer has (GET /frame-rules)",
     413: "body over proxy.max_body_mb, or media over a budget (max_decoded_mb, max_video_frames, max_video_seconds)",

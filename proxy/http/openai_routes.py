@@ -17,8 +17,9 @@ from starlette.types import Receive, Scope, Send
 from proxy.http.deps import ALWAYS, ServicesDep, budget_of
 from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
+from proxy.http.run_access import check_writes
 from proxy.pipelines.chat_scoring import completion, model_cards, parse_chat, score_chat, scoring_body
-from proxy.pipelines.passthrough import ChatPassthrough, RelayStream, routing_fields
+from proxy.pipelines.passthrough import RELAY_BOUND_HEADER, ChatPassthrough, RelayStream, routing_fields
 
 __all__ = ["router"]
 
@@ -52,7 +53,7 @@ async def models(passthrough: PassthroughDep) -> JSONResponse:
 
 
 @router.post("/v1/chat/completions", openapi_extra={"requestBody": _CHAT_BODY},
-             responses={**error_answers(*ALWAYS, 404, 413, 422, 429, 502, 504),
+             responses={**error_answers(*ALWAYS, 403, 404, 413, 422, 429, 502, 504),
                         200: {"description": "the completion, or a text/event-stream when stream is true",
                               "content": {"application/json": {}, "text/event-stream": {}}},
                         400: _RELAYED})
@@ -62,6 +63,8 @@ async def chat_completions(request: Request, passthrough: PassthroughDep, servic
     scoring = scoring_body(body, fields.model.value)
     if scoring is not None:  # score:<backend>: the /score pipeline, answered as a chat.completion
         chat = parse_chat(scoring, services.registry)
+        metadata = chat.request.metadata
+        check_writes(request, [("metadata.run", metadata.run if metadata is not None else None)])
         result = await score_chat(chat, services, budget_s=budget_of(request))
         request.state.backend = result.backend
         return JSONResponse(completion(chat, result, request.state.request_id),
@@ -80,11 +83,12 @@ async def chat_completions(request: Request, passthrough: PassthroughDep, servic
         return Response(status_code=499)
     relayed = relay.result()
     request.state.backend = relayed.backend
+    headers = {"x-upstream-attempts": str(relayed.attempts),
+               **({RELAY_BOUND_HEADER: relayed.bound} if relayed.bound is not None else {})}
     if relayed.stream is not None:
-        return RelayedStream(relayed.stream, media_type=relayed.media_type,
-                             headers={"x-upstream-attempts": str(relayed.attempts)})
+        return RelayedStream(relayed.stream, media_type=relayed.media_type, headers=headers)
     return Response(relayed.content, status_code=relayed.status_code, media_type=relayed.media_type,
-                    headers={"x-upstream-attempts": str(relayed.attempts)})
+                    headers=headers)
 
 
 async def _client_gone(request: Request) -> None:

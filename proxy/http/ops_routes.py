@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from proxy.http.error_answers import error_answers
 from proxy.http.json_body import JSONBodyRoute
+from proxy.http.run_access import runs_of, visible_metrics, visible_quality
 from proxy.metrics import Metrics
 from proxy.quality.monitor import QualityMonitor
 from proxy.upstream.backends import BackendRegistry
@@ -47,7 +48,7 @@ async def health(request: Request) -> JSONResponse:
         body["audit"] = _detail_only(request.app.state.services.audit.status(), detailed, "path", "error")
     # An alarm never makes the proxy unhealthy (it still serves); which keys, only for a caller who may score.
     quality: QualityMonitor = request.app.state.services.quality
-    reward_quality = quality.health()
+    reward_quality = visible_quality(runs_of(request), quality.health())  # a limited key: its runs' alarms
     body["reward_quality"] = reward_quality if detailed else {"status": reward_quality["status"],
                                                              "alarms": len(reward_quality["alarms"])}
     return JSONResponse(body, status_code=200 if any(ready) else 503)
@@ -67,7 +68,8 @@ async def metrics(request: Request) -> Response:
         for decision, count in backend.pool.routed.items():
             metrics.routed.labels(backend.name, decision).set(count)
         metrics.observe_endpoints(backend.name, backend.pool.endpoints)
-    return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(visible_metrics(runs_of(request), metrics.render()),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 @router.get("/quality", responses={**error_answers(401), 200: {
@@ -77,4 +79,4 @@ async def quality(request: Request) -> JSONResponse:
     """The live reward-quality monitor: the same numbers as `report`, over the last quality.window
     episodes of each key that carried metadata.env_success (docs/reward-quality.md)."""
     monitor: QualityMonitor = request.app.state.services.quality
-    return JSONResponse(monitor.snapshot())
+    return JSONResponse(visible_quality(runs_of(request), monitor.snapshot()))

@@ -48,9 +48,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
           log_level: str = "info", access_log: bool = False) -> None:
     host = host or settings.proxy.host
     port = settings.proxy.port if port is None else port
-    if not is_loopback(host) and not settings.proxy_api_key():
+    if not is_loopback(host) and not settings.proxy_api_key() and not settings.proxy.run_keys:
         raise ConfigError(f"refusing to listen on {host}, beyond loopback, without a bearer token: set "
-                          "proxy.api_key_env to an environment variable holding one")
+                          "proxy.api_key_env (or proxy.run_keys) to an environment variable holding one")
     app = create_app(settings)
     grace = settings.proxy.shutdown_grace_s
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,

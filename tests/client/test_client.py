@@ -20,6 +20,7 @@ from rlinf_client import (
     AsyncRewardClient,
     BadGatewayError,
     Episode,
+    EpisodeFrameBuffer,
     NotFoundError,
     RateLimitError,
     RewardClient,
@@ -537,3 +538,23 @@ async def test_a_proxy_without_the_binary_body_gets_the_frames_inline_from_then_
     assert all(r.ok and r.value == 0.6 for r in [*results, again])
     assert 1 <= len(refused) <= 4  # the ones already on their way; then inline for the client's life
     assert sum("sending frames inline" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize(("stride", "short"), [
+    (1, None),  # every step held: the 16 frames asked for go
+    (8, {"wanted": 16, "sent": 6, "source_count": 40, "stride": 8}),  # steps 0, 8, 16, 24, 32 and the last
+])
+async def test_a_stride_that_leaves_out_frames_says_so(stride, short, caplog):
+    """Issue 39, item 5: a frame_stride larger than the episode allows sends fewer frames than
+    nframes; the proxy sees only what was sent, so the result, the client's stats and the log say it."""
+    buffer = EpisodeFrameBuffer(capacity=0, stride=stride)
+    for frame in FRAMES:
+        buffer.append(frame)
+    fake = FakeProxy(score_fn=lambda body, frames: 0.5)
+    async with client_for(fake, frame_stride=stride) as client:
+        result = await client.score_episode(buffer, "t")
+    [body] = fake.score_requests
+    assert result.ok and body["nframes"] == (short["sent"] if short else 16)
+    assert result.frames_short == short
+    assert client.stats.as_dict()["frames_short"] == (1 if short else 0)
+    assert ("kept every 8-th step" in caplog.text) == (short is not None)
