@@ -11,7 +11,7 @@ from proxy.config.calls import AdmissionConfig, CircuitConfig, ReaskConfig, Retr
 from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
 from proxy.config.endpoint_urls import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
-from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig
+from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig, QualityRestoreConfig
 from proxy.config.settings import (
     BackendConfig,
     FramesConfig,
@@ -41,6 +41,7 @@ __all__ = [
     "ProxySettings",
     "QualityAlarmConfig",
     "QualityConfig",
+    "QualityRestoreConfig",
     "ReaskConfig",
     "ReferenceStoreConfig",
     "ReplicaLaunch",

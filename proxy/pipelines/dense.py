@@ -8,7 +8,9 @@ made once per size. The curve is all or nothing: a curve with a hole is not a cu
 point that fails fails the request (its error, naming the point) and the others are cancelled.
 Points are capped by proxy.max_batch_items (k points are k calls, like a batch of k).
 Audit lines: one per point, `kind: dense_point`, so reports never count a prefix as an episode;
-`dense: {point, points, curve}` places it in its curve (`report` computes each curve's VOC).
+`dense: {point, points, curve}` places it in its curve (`report` computes each curve's VOC), and
+`dense.episode: true` marks the point that ends at the episode's last frame, the one the live
+monitor sees (a restart rebuilds the monitor from it).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
     base = request.model_dump(exclude={"points", "prefix_ends"})
     curve = uuid.uuid4().hex[:16]  # names the curve in its points' audit lines (report: VOC per curve)
 
+    # the point that scores the whole episode is the one the monitor sees; its line says so (a restart's rebuild)
+    whole = len(ends) - 1 if ends and ends[-1] == count - 1 else None
+
     def point_task(point: int, end: int) -> asyncio.Future[ScoreResponse]:
         prefix = ScoreRequest.model_validate({**base, "prefix_end": end})
 
@@ -83,7 +88,8 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
 
         return asyncio.ensure_future(score_episode(
             services, prefix, DENSE_POINT, frames_for, budget_s=budget_s,
-            described={"dense": {"point": point, "points": len(ends), "curve": curve}}))
+            described={"dense": {"point": point, "points": len(ends), "curve": curve,
+                                 **({"episode": True} if point == whole else {})}}))
 
     tasks = [point_task(point, end) for point, end in enumerate(ends)]
     try:
@@ -103,7 +109,7 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
             if isinstance(value, int):
                 usage[key] = usage.get(key, 0) + value
     # the curve's last point scores the whole episode: that is the episode the monitor sees
-    watched = envelope.watch_episode(done[-1].score) if ends and ends[-1] == count - 1 else None
+    watched = envelope.watch_episode(done[-1].score) if whole is not None else None
     return DenseResponse(
         method="prefixes", quality=watched,
         curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)
