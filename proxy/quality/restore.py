@@ -39,7 +39,7 @@ __all__ = ["Restored", "log_files", "rebuild"]
 BLOCK = 1 << 20  # bytes read at a time from a file's end
 PARSE_ERROR = "unparseable_score"  # proxy.errors.ScoreParseError.code: a reply, but no score
 # Lines that can matter, found before a line is parsed (most lines of a busy log are not).
-WANTED = (b'"env_success"', b'"kind":"quality_alarm"', b'"kind":"quality_window"', b'"kind":"probe"')
+WANTED = (b'"env_success"', b'"quality_alarm"', b'"quality_window"', b'"probe"')
 
 
 @dataclass
