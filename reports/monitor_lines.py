@@ -98,7 +98,7 @@ def alarm_periods(alarms: AlarmLog, first_ts: float | None, last_ts: float | Non
                            "episodes_seen": raised.episodes_seen if raised else None, "repeated_raises": 0,
                            "cleared_numbers": None, "ended_by": None}
                 periods.append(current)
-            if t.status in (OK, RESET):  # cleared, or the proxy stopped (alarms do not outlive it)
+            if t.status in (OK, RESET):  # cleared, or the proxy stopped (a restart opens a new period)
                 current.update(cleared_ts=t.ts, cleared_line=t.line, still_in_alarm=False, to_ts=t.ts,
                                cleared_numbers=t.numbers, ended_by="clear" if t.status == OK else "proxy stopped")
                 current, since = None, t.ts

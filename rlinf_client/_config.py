@@ -11,6 +11,7 @@ the seed's key is still read (true: `fallback: raise`), with one log line naming
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -94,8 +95,18 @@ class RewardModelConfig:
     max_retries: int = C.DEFAULT_MAX_RETRIES
     connect_timeout: float = C.DEFAULT_CONNECT_TIMEOUT
     batch: BatchMode = "auto"  # use POST /score/batch when the proxy has it
-    # A label for this training run, sent with every episode (the proxy's audit log and `report`).
+    # The run's identity is one name for three things: the proxy's monitor key (metadata.run), run
+    # D's reference-store namespace and the run's scoring key's scope (a prefix of its names). It is
+    # built from three keys (`identity`):
+    #   run     the run's label (runD_srpo): the identity's prefix
+    #   job     what tells this launch from another launch of the same run, identical in every env
+    #           worker of the job: the shipped overlays set ${runner.logger.log_path}/seed=${env.train.seed}
+    #           (RLinf's launcher gives every launch its own log path, and Hydra resolves it once for
+    #           every worker); unset, the identity is the label alone, shared by every launch
+    #   resume  an earlier job's identity, to carry on with its references and monitor windows
     run: str | None = None
+    job: str | None = None
+    resume: str | None = None
     # Dense progress (off: 0): ask the proxy's /score/dense for a curve of this many prefixes per
     # episode (k scoring calls each) instead of one score; the episode's reward is the curve's last
     # point, and `LiberoVLMReward.shaped_rewards` spreads it over the steps as potential differences.
@@ -184,8 +195,10 @@ class RewardModelConfig:
                 and 0 < self.buffer_frames < 2 * self.nframes):
             problems.append(f"buffer_frames ({self.buffer_frames}) must be 0 or at least 2 x nframes "
                             f"({2 * self.nframes}) so sampling stays close to uniform")
-        if self.run is not None and not (isinstance(self.run, str) and 0 < len(self.run) <= 256):
-            problems.append(f"run must be a non-empty string of at most 256 characters, got {self.run!r}")
+        for name, longest in (("run", C.MAX_RUN_LABEL), ("resume", 256), ("job", 4096)):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and 0 < len(value) <= longest):
+                problems.append(f"{name} must be a non-empty string of at most {longest} characters, got {value!r}")
         if problems:
             raise RewardConfigError("reward_model: " + "; ".join(problems))
 
@@ -244,6 +257,19 @@ class RewardModelConfig:
         # The seed's switch is already in `fallback`: read again, it would log its line again.
         changes.setdefault("fail_on_request_error", None)
         return dataclasses.replace(self, **changes)
+
+    # -- the run's identity ----------------------------------------------------------------------
+    @property
+    def identity(self) -> str | None:
+        """The one name of this job's run (metadata.run, the reference namespace): `resume` when
+        set; else `run` and a digest of `job` (`runD_srpo-3f2a9c01d4`: a new launch, a new name;
+        every worker of one launch, the same); else `run` alone; None without any of them."""
+        if self.resume is not None:
+            return self.resume
+        if self.job is None:
+            return self.run
+        digest = hashlib.sha256(self.job.encode()).hexdigest()[:C.RUN_DIGEST_CHARS]
+        return f"{self.run or 'run'}-{digest}"
 
     # -- derived URLs ----------------------------------------------------------------------------
     @property
@@ -320,6 +346,8 @@ class RewardModelOptions(TypedDict, total=False):
     connect_timeout: float
     batch: BatchMode
     run: str | None
+    job: str | None
+    resume: str | None
     dense_points: int
     extra_view: str | None
     reward_source: RewardSource

@@ -53,3 +53,8 @@ USER_AGENT = "vlm-reward-proxy-rlinf-client"
 # After a failed GET /frame-rules (not a 404: the proxy has the route), raw frames are sent for
 # this long before it is asked again.
 FRAME_RULES_RETRY_S = 30.0
+
+# The run identity (RewardModelConfig.identity): `run` then "-" and this many hex digits of the
+# job's digest; 240 + 11 stays within the proxy's 256 characters for a metadata string.
+MAX_RUN_LABEL = 240
+RUN_DIGEST_CHARS = 10

@@ -167,8 +167,8 @@ async def _send(core: TransportCore, episodes: list[Episode], bodies: list, indi
     sent again, whole, at most max_retries times within the deadline. Never part of a task."""
     cfg = core.cfg
     fields = {"backend": cfg.backend} if cfg.backend else {}
-    if cfg.run:  # the proxy's reference store keeps this run's successes apart from other runs'
-        fields["reference_namespace"] = cfg.run
+    if cfg.identity:  # the proxy's reference store keeps this run's successes apart from other runs'
+        fields["reference_namespace"] = cfg.identity
     pending, resends = indices, 0
     while True:
         items = [replace(bodies[i], payload={k: v for k, v in bodies[i].payload.items() if k in ITEM_FIELDS})

@@ -70,6 +70,13 @@ class LiberoVLMReward:
                  use_step_penalty: bool = False, client: Any = None) -> None:
         self.config = (config if isinstance(config, RewardModelConfig)
                        else RewardModelConfig.from_mapping(config))
+        self.identity = self.config.identity  # metadata.run and the reference namespace: one name
+        if self.identity is not None:
+            how = ("resumed (reward_model.resume)" if self.config.resume else
+                   "new for this launch (reward_model.job)" if self.config.job else
+                   "the label alone (no reward_model.job: every launch shares it)")
+            log.info("reward model: run identity %r, %s; to carry on with this run's references and quality "
+                     "windows after a restart, set reward_model.resume: %s", self.identity, how, self.identity)
         self.num_envs = num_envs
         self.reward_coef = float(reward_coef)
         self.use_rel_reward = bool(use_rel_reward)
@@ -303,8 +310,8 @@ class LiberoVLMReward:
         metadata: dict[str, Any] = {"env_success": bool(terminations[env]), "env": int(env),
                                     "episode_id": f"env{env}-ep{int(self.episodes_started[env])}",
                                     "step": int(self.buffers[env].count) - 1}
-        if self.config.run:
-            metadata["run"] = self.config.run
+        if self.identity:
+            metadata["run"] = self.identity
         if self.config.reward_source == "score":  # the proxy's live monitor judges "says success" as we map it
             metadata["success_threshold"] = float(self.config.success_threshold)
         if task_ids is not None and env < len(task_ids):

@@ -12,7 +12,7 @@ from proxy.config.cascades import CascadeConfig, CascadeStage
 from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
 from proxy.config.endpoint_urls import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
-from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig
+from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig, QualityRestoreConfig
 from proxy.config.run_keys import RunKeyConfig, RunScope
 from proxy.config.settings import (
     BackendConfig,
@@ -45,6 +45,7 @@ __all__ = [
     "ProxySettings",
     "QualityAlarmConfig",
     "QualityConfig",
+    "QualityRestoreConfig",
     "ReaskConfig",
     "ReferenceStoreConfig",
     "ReplicaLaunch",

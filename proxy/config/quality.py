@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from proxy.config.strict import StrictModel as _Strict
 from vlm_protocol.agreement import PROBE_KINDS
 
-__all__ = ["PROBE_KINDS", "ProbesConfig", "QualityAlarmConfig", "QualityConfig"]
+__all__ = ["PROBE_KINDS", "ProbesConfig", "QualityAlarmConfig", "QualityConfig", "QualityRestoreConfig"]
 
 
 class QualityAlarmConfig(_Strict):
@@ -50,6 +50,19 @@ class ProbesConfig(_Strict):
         return self
 
 
+class QualityRestoreConfig(_Strict):
+    """At start-up, with an audit log, each key's window, first window, alarm and probe numbers are
+    rebuilt from the log's newest lines (rotated files included). Both bounds are hang bounds: the
+    rebuild stops at whichever comes first and keeps what it read (the newest lines), and says so on
+    GET /quality. bench/bench_restore.py measures it (docs/benchmarks.md)."""
+
+    enabled: bool = True
+    # Lines read back from the end of the log. 256 keys x a window of 128 is 32,768 episodes; the
+    # default leaves room for the dense points, probes and other lines between them.
+    max_lines: int = Field(200_000, ge=0, le=10_000_000)
+    max_seconds: float = Field(60.0, gt=0.0, le=3600.0)
+
+
 class QualityConfig(_Strict):
     enabled: bool = True
     # The last N episodes per key with known success. Capped: each episode recomputes its key's
@@ -63,6 +76,7 @@ class QualityConfig(_Strict):
     max_keys: int = Field(256, ge=1, le=100_000)
     alarm: QualityAlarmConfig = Field(default_factory=QualityAlarmConfig)
     probes: ProbesConfig = Field(default_factory=ProbesConfig)
+    restore: QualityRestoreConfig = Field(default_factory=QualityRestoreConfig)
 
     @model_validator(mode="after")
     def _window_holds_the_minimum(self) -> QualityConfig:

@@ -29,14 +29,10 @@ from proxy.pipelines.services import Services
 from proxy.prompting.layouts import layout_has_stills
 from proxy.prompting.request import frame_limits
 from proxy.protocol.score import CascadeInfo, CascadeStageInfo, ScoreRequest, ScoreResponse
+from proxy.quality.monitor import stage_label
 from proxy.upstream.backends import Backend
 
-__all__ = ["decode_stage", "score_cascade", "stage_label"]
-
-
-def stage_label(cascade: str, backend: str) -> str:
-    """A stage's name on the monitor and /metrics: never the backend's own, used directly."""
-    return f"{cascade}/{backend}"
+__all__ = ["decode_stage", "score_cascade"]
 
 
 def decode_stage(backends: list[Backend]) -> Backend:

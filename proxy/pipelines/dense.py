@@ -9,6 +9,8 @@ once per size. A curve with a hole is not a curve, so the first point that fails
 proxy.max_batch_items, since k points are k calls. Each point writes its own audit line of kind
 `dense_point`, placed in its curve by `dense: {point, points, curve}`, so reports never count a
 prefix as an episode. A GVL backend (layout shuffled_images) answers the whole curve in one call.
+The point that ends at the episode's last frame is marked `dense.episode: true`: it is the one the
+live monitor sees, and the one a restart rebuilds the monitor from.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
     base = request.model_dump(exclude={"points", "prefix_ends"})
     curve = uuid.uuid4().hex[:16]  # names the curve in its points' audit lines (report: VOC per curve)
 
+    # the point that scores the whole episode is the one the monitor sees; its line says so (a restart's rebuild)
+    whole = len(ends) - 1 if ends and ends[-1] == count - 1 else None
+
     def point_task(point: int, end: int) -> asyncio.Future[ScoreResponse]:
         prefix = ScoreRequest.model_validate({**base, "prefix_end": end})
 
@@ -84,7 +89,8 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
 
         return asyncio.ensure_future(score_episode(
             services, prefix, DENSE_POINT, frames_for, budget_s=budget_s,
-            described={"dense": {"point": point, "points": len(ends), "curve": curve}}))
+            described={"dense": {"point": point, "points": len(ends), "curve": curve,
+                                 **({"episode": True} if point == whole else {})}}))
 
     tasks = [point_task(point, end) for point, end in enumerate(ends)]
     try:
@@ -104,7 +110,7 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
             if isinstance(value, int):
                 usage[key] = usage.get(key, 0) + value
     # the curve's last point scores the whole episode: that is the episode the monitor sees
-    watched = envelope.watch_episode(done[-1].score) if ends and ends[-1] == count - 1 else None
+    watched = envelope.watch_episode(done[-1].score) if whole is not None else None
     return DenseResponse(
         method="prefixes", quality=watched,
         curve=[CurvePoint(frame_index=end, score=r.score, raw_score=r.raw_score)

@@ -106,15 +106,15 @@ class Envelope:
         """One outcome the request answered: counted, timed, its audit line; for a watched episode,
         what the live monitor says of its key (None when it says nothing)."""
         metrics, name = self.services.metrics, self.backend.name
-        # The monitor first: an alarm this episode raises is written before the episode's own line.
-        said = self._observe(score) if score is not None and self.effects.watched and self.watch else None
         self._count(name, outcome)
         if score is not None and self.effects.watched:
             metrics.scores.labels(name).observe(score)
         if seconds is not None and self.effects.latency is not None:
             getattr(metrics, self.effects.latency).labels(name).observe(seconds)
         self._write(line)
-        return said
+        # The episode's line first, then any alarm line it causes, as on every path (a parse failure,
+        # a dense curve): a restart's rebuild reads an alarm line's episode count after its episode.
+        return self._observe(score) if score is not None and self.effects.watched and self.watch else None
 
     def watch_episode(self, score: float) -> QualityStatus | None:
         """The monitor's view of an episode scored inside another request (a dense curve's whole episode)."""

@@ -4,12 +4,15 @@ Every pipeline takes a `Services` and uses only what it needs; nothing reaches t
 pipeline to find a collaborator. `open_services` opens what needs the event loop (the aiohttp
 session, the frame store, the audit log's writer thread, the media threads) on an exit stack, so
 they close in reverse order when the app stops: the monitor's last lines before the audit log.
+With an audit log, the monitor's windows are rebuilt from its tail before the app serves
+(proxy/quality/restore.py, on a worker thread, bounded by quality.restore).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 from proxy.audit import AuditLog
@@ -21,11 +24,14 @@ from proxy.pipelines.cascade_state import CascadeState
 from proxy.prompting.templates import PromptStore
 from proxy.quality.monitor import QualityMonitor
 from proxy.quality.probes import InvarianceProbes
+from proxy.quality.restore import rebuild
 from proxy.upstream.answer_tokens import AnswerTokenIds
 from proxy.upstream.backends import BackendRegistry
 from proxy.upstream.client import UpstreamClient, open_session
 
 __all__ = ["Services", "open_services"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,8 @@ async def open_services(settings: Settings, prompts: PromptStore, metrics: Metri
         int(proxy.max_decoded_mb * 2**20), proxy.max_video_frames, proxy.max_video_seconds))
     stack.push_async_callback(asyncio.to_thread, media.close)  # waits for its threads: off the loop
     quality = QualityMonitor(settings.quality, metrics, audit)
+    if proxy.audit_log is not None and settings.quality.enabled and settings.quality.restore.enabled:
+        await restore_monitor(quality, settings)
     stack.callback(quality.close)  # its `reset` lines, before the audit log closes
     probes = None
     if settings.quality.enabled and settings.quality.probes.fraction > 0:
@@ -68,3 +76,21 @@ async def open_services(settings: Settings, prompts: PromptStore, metrics: Metri
                     metrics=metrics, audit=audit, media=media, quality=quality,
                     answer_tokens=AnswerTokenIds(upstream), frame_store=frame_store, probes=probes,
                     cascades={name: CascadeState(name, cfg) for name, cfg in settings.cascades.items()})
+
+
+async def restore_monitor(quality: QualityMonitor, settings: Settings) -> None:
+    """The monitor as the audit log left it: read on a worker thread (a large log takes seconds),
+    adopted on the loop. A log that cannot be read starts the monitor empty, and /quality says why."""
+    path = settings.proxy.audit_log
+    assert path is not None
+    try:
+        restored = await asyncio.to_thread(rebuild, path, settings.quality)
+    except OSError as err:
+        log.warning("reward quality: the audit log %s could not be read back (%s); every window starts empty",
+                    path, err)
+        quality.restore = {"restored": False, "reason": f"reading {path} failed: {type(err).__name__}: {err}"}
+        return
+    quality.adopt(restored.windows, restored.sources, restored.describe())
+    described = restored.describe()
+    log.info("reward quality: %d window(s) (%d in alarm) restored from %d line(s) of %s in %.2f s (stopped by %s)",
+             described["keys"], described["alarms"], restored.lines, path, restored.seconds, restored.stopped_by)

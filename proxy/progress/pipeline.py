@@ -116,8 +116,12 @@ class ProgressScorer:
         self._one_space_per_task(tasks, spaces)
         keys = {task: StoreKey(backend.config.model, spaces[indices[0]], body.reference_namespace or "", task)
                 for task, indices in tasks.items()}
+        used = self.store is not None and body.use_reference_store
+        at_start = {task: self.store.count(key) if used else 0 for task, key in keys.items()}
         with Envelope(self.services, PROGRESS, backend.name, kind="embedding") as envelope:  # admitted as a whole
-            return await self._measure(envelope, body, keys, tasks, budget_s)
+            answer = await self._measure(envelope, body, keys, tasks, budget_s)
+        return {**answer, "references": {"namespace": body.reference_namespace or "", "store": used,
+                                         "at_start": at_start, "total_at_start": sum(at_start.values())}}
 
     async def _measure(self, envelope: Envelope, body: ProgressBatchRequest, keys: dict[str, StoreKey],
                        tasks: dict[str, list[int]], budget_s: float | None) -> dict[str, Any]:

@@ -89,6 +89,12 @@ class ReferenceStore:
                 f"remove {self.cfg.dir / key.file_name}", task_id=key.task)
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), dim)
 
+    def count(self, key: StoreKey) -> int:
+        """How many references (demonstrations and successes) the key holds now."""
+        with self._lock:
+            held = self._held.get(key, _Held())
+        return len(held.demonstrations) + len(held.successes)
+
     def add_successes(self, key: StoreKey, vectors: list[np.ndarray]) -> None:
         if not vectors or self.cfg.max_successes == 0:
             return

@@ -89,8 +89,19 @@ class NotRemembered(BaseModel):
     message: str
 
 
+class ReferencesUsed(BaseModel):
+    """The reference store as this request met it: which namespace (the run's identity, the RLinf
+    client's `reward_model` run/job/resume) and how many references each task held before it."""
+
+    namespace: str  # "" when the request named none (shared by every caller that names none)
+    store: bool  # a store is configured and the request used it (use_reference_store)
+    at_start: dict[str, int]  # task id (as text) -> references held before this request
+    total_at_start: int
+
+
 class ProgressBatchResponse(BaseModel):
     results: list[ProgressItem]
+    references: ReferencesUsed
     summary: dict[str, int]  # ok, failed, success, progress, no_reference, tasks
     method: dict[str, Any]  # the formula's constants and source (proxy/progress/math.py)
     # Empty when every success asked to be remembered was kept (remember_successes, a store configured).

@@ -1,7 +1,13 @@
 """The live monitor: one rolling window per (run, backend, task) of the episodes that carry
 `metadata.env_success`, its numbers on /metrics and GET /quality, the alarm's transitions as a
 WARNING, a counter and an audit line (kind `quality_alarm`). Runs on the event loop, after each
-scored episode: a window of 128 costs well under a millisecond (bench/bench_quality.py)."""
+scored episode: a window of 128 costs well under a millisecond (bench/bench_quality.py).
+
+A restart does not judge afresh: the windows rebuilt from the audit log's tail
+(proxy/quality/restore.py) are adopted before the first request, an alarm open at the stop is open
+again (one `quality_alarm` line says it was restored), and GET /quality says what was restored and
+from where. Every line the monitor writes carries what that rebuild needs (the first window, the
+episodes seen, an open alarm's reason at a stop)."""
 
 from __future__ import annotations
 
@@ -16,12 +22,17 @@ from proxy.metrics import Metrics
 from proxy.quality.window import KeyWindow
 from vlm_protocol.agreement import ALARM, OK, RESET, UNKNOWN
 
-__all__ = ["Key", "QualityMonitor", "quality_key"]
+__all__ = ["Key", "QualityMonitor", "quality_key", "threshold_of"]
 
 log = logging.getLogger(__name__)
 MAX_TASK_LABEL = 128  # a task text as a label: its start (task ids are short)
 
 Key = tuple[str | None, str, str]
+
+
+def stage_label(cascade: str, backend: str) -> str:
+    """A cascade stage's backend on the monitor and /metrics: never the backend's own, used directly."""
+    return f"{cascade}/{backend}"
 
 
 def quality_key(backend: str, task_text: str, metadata: dict[str, Any] | None) -> Key:
@@ -32,7 +43,7 @@ def quality_key(backend: str, task_text: str, metadata: dict[str, Any] | None) -
             str(task) if task is not None else task_text[:MAX_TASK_LABEL])
 
 
-def _threshold(metadata: dict[str, Any] | None, default: float) -> float:
+def threshold_of(metadata: dict[str, Any] | None, default: float) -> float:
     """Where a score says success for this episode: the client's own success_threshold when it sends
     one (the RLinf client does), else quality.success_threshold."""
     value = (metadata or {}).get("success_threshold")
@@ -50,6 +61,31 @@ class QualityMonitor:
         self.config, self.metrics, self.audit = config, metrics, audit
         self.windows: dict[Key, KeyWindow] = {}
         self.dropped = 0
+        # what GET /quality says of the restart's rebuild, until `adopt` says more
+        self.restore: dict[str, Any] = (
+            {"restored": False, "reason": "no audit log is configured (proxy.audit_log): nothing can be restored"}
+            if audit.path is None else {"restored": False, "reason": "not rebuilt (quality.restore.enabled: false, "
+                                                                     "or the monitor is off)"})
+        self.restored_from: dict[Key, dict[str, Any]] = {}  # per key restored: episodes and time span read
+
+    def adopt(self, windows: dict[Key, KeyWindow], sources: dict[Key, dict[str, Any]],
+              described: dict[str, Any]) -> None:
+        """Before the first request: the windows rebuilt from the audit log become the live ones,
+        their gauges set; an open alarm gets one line saying it was restored (no transition counted)."""
+        self.windows = dict(windows)
+        self.restored_from = dict(sources)
+        self.restore = {"restored": True, **described}
+        for key, window in self.windows.items():
+            self._export(key, window, window.numbers)
+            for kind, numbers in window.probe_numbers().items():
+                labels = (key[0] or "", key[1], key[2], kind)
+                self.metrics.quality_probe_margin.labels(*labels).set(numbers["mean_margin"])
+                self.metrics.quality_probe_inversions.labels(*labels).set(numbers["inversion_rate"])
+            if window.alarmed:
+                run, backend, task = key
+                log.warning("reward quality ALARM for run %r, backend %r, task %r restored from the audit log: %s",
+                            run, backend, task, window.reason)
+                self._line(key, window, ALARM, window.reason, restored=True)
 
     def observe(self, backend: str, task_text: str, metadata: dict[str, Any] | None,
                 score: float | None) -> dict[str, Any] | None:
@@ -69,7 +105,7 @@ class QualityMonitor:
                     self.metrics.quality_keys_dropped.inc()
                     return None
                 window = self.windows[key] = KeyWindow(self.config.window)
-            numbers = window.add(score, bool(success), _threshold(metadata, self.config.success_threshold))
+            numbers = window.add(score, bool(success), threshold_of(metadata, self.config.success_threshold))
             if window.judge(self.config.alarm):
                 self._transition(key, window, numbers)
             self._export(key, window, numbers)
@@ -122,13 +158,13 @@ class QualityMonitor:
     def _export(self, key: Key, window: KeyWindow, numbers: dict[str, Any]) -> None:
         labels = (key[0] or "", key[1], key[2])
         m = self.metrics
-        m.quality_episodes.labels(*labels).set(numbers["episodes"])
-        m.quality_auc.labels(*labels).set(_gauge(numbers["auc"]))
-        m.quality_accuracy.labels(*labels).set(_gauge(numbers["accuracy"]))
-        m.quality_false_success_rate.labels(*labels).set(_gauge(numbers["false_success_rate"]))
-        m.quality_mean_score.labels(*labels, "success").set(_gauge(numbers["mean_score_success"]))
-        m.quality_mean_score.labels(*labels, "failure").set(_gauge(numbers["mean_score_failure"]))
-        m.quality_parse_failures.labels(*labels).set(numbers["parse_failures"])
+        m.quality_episodes.labels(*labels).set(numbers.get("episodes", 0))
+        m.quality_auc.labels(*labels).set(_gauge(numbers.get("auc")))
+        m.quality_accuracy.labels(*labels).set(_gauge(numbers.get("accuracy")))
+        m.quality_false_success_rate.labels(*labels).set(_gauge(numbers.get("false_success_rate")))
+        m.quality_mean_score.labels(*labels, "success").set(_gauge(numbers.get("mean_score_success")))
+        m.quality_mean_score.labels(*labels, "failure").set(_gauge(numbers.get("mean_score_failure")))
+        m.quality_parse_failures.labels(*labels).set(numbers.get("parse_failures", 0))
         m.quality_alarm.labels(*labels).set(int(window.alarmed))
 
     def _transition(self, key: Key, window: KeyWindow, numbers: dict[str, Any]) -> None:
@@ -142,17 +178,28 @@ class QualityMonitor:
             log.warning("reward quality alarm cleared for run %r, backend %r, task %r (false-success rate %s, "
                         "ROC-AUC %s over %d scored episodes)", run, backend, task, _fmt(numbers["false_success_rate"]),
                         _fmt(numbers["auc"]), numbers["n"])
-        self.audit.write({"kind": "quality_alarm", "run": run, "backend": backend, "task_id": task, "status": to,
-                          "reason": window.reason, "numbers": numbers, "episodes_seen": window.episodes})
+        self._line(key, window, to, window.reason)
+
+    def _line(self, key: Key, window: KeyWindow, status: str, reason: str | None, *, kind: str = "quality_alarm",
+              **extra: Any) -> None:
+        """One audit line of the monitor's, with what a restart's rebuild reads back (restore.py)."""
+        run, backend, task = key
+        self.audit.write({"kind": kind, "run": run, "backend": backend, "task_id": task, "status": status,
+                          "reason": reason, "numbers": window.numbers, "episodes_seen": window.episodes,
+                          "first_window": window.first, **extra})
 
     def close(self) -> None:
-        """At shutdown: an alarm does not outlive the process (a restarted proxy judges afresh), so
-        each key in alarm gets an audit line of status `reset` — `report` ends its period there."""
-        for (run, backend, task), window in self.windows.items():
+        """At shutdown: each key in alarm gets an audit line of status `reset`, meaning the process
+        stopped with the alarm open (`report` ends its period there). It is not a clear: a restart
+        on the same log opens the alarm again from these lines until the numbers clear it. Every
+        other key gets a `quality_window` line (its status, count and first window), so a restart
+        whose tail starts after a key's first episodes still has them; `report` counts it apart."""
+        for key, window in self.windows.items():
             if window.alarmed:
-                self.audit.write({"kind": "quality_alarm", "run": run, "backend": backend, "task_id": task,
-                                  "status": RESET, "reason": "the proxy stopped; alarms are not kept across restarts",
-                                  "numbers": window.numbers, "episodes_seen": window.episodes})
+                self._line(key, window, RESET, "the proxy stopped with the alarm open; a restart on this audit log "
+                                               "restores it", alarm_reason=window.reason)
+            else:
+                self._line(key, window, window.status(self.config.alarm.min_episodes), None, kind="quality_window")
 
     def health(self) -> dict[str, Any]:
         """/health's reward_quality: alarm if any key is, ok if any key was judged, else unknown."""
@@ -165,9 +212,10 @@ class QualityMonitor:
     def snapshot(self) -> dict[str, Any]:
         """GET /quality: every key's window numbers, its first full window (drift), its status."""
         keys = [{**self._answer(key, w), "episodes_seen": w.episodes, "window": w.numbers, "first_window": w.first,
-                 "probes": w.probe_numbers()} for key, w in self.windows.items()]
+                 "probes": w.probe_numbers(), "restored_from": self.restored_from.get(key)}
+                for key, w in self.windows.items()]
         return {"config": self.config.model_dump(), "keys": keys, "keys_dropped_episodes": self.dropped,
-                **self.health()}
+                "restore": self.restore, **self.health()}
 
 
 def _fmt(value: float | None) -> str:

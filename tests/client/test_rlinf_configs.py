@@ -102,17 +102,22 @@ def test_merging_writes_complete_configs_into_the_rlinf_checkout(tmp_path, capsy
 
     node = omegaconf.OmegaConf.create({k: v for k, v in run_b.items() if k not in ("defaults", "hydra")})
     train = node.env.train
+    train.seed = 0  # env/libero_10.yaml's, which Hydra's defaults list brings into env.train
     assert train.group_size == 8 and node.rollout.model.model_path == node.actor.model.model_path
     train.reward_coef, train.use_rel_reward, train.ignore_terminations = 5.0, True, False
     hook = LiberoVLMReward.from_env_cfg(train, 4, client=object())
     assert hook is not None and hook.config.backend == "qwen2_5_vl_vllm" and hook.reward_coef == 5.0
     run_a = omegaconf.OmegaConf.create(merged["libero_10_grpo_openvlaoft_runA"]["env"])
     assert LiberoVLMReward.from_env_cfg(run_a.train, 4) is None
-    run_d = omegaconf.OmegaConf.create(merged["libero_10_grpo_openvlaoft_runD_srpo"]["env"])
+    run_d = omegaconf.OmegaConf.create({k: v for k, v in merged["libero_10_grpo_openvlaoft_runD_srpo"].items()
+                                        if k not in ("defaults", "hydra")}).env
     run_d.train.reward_coef, run_d.train.use_rel_reward, run_d.train.ignore_terminations = 5.0, True, False
+    run_d.train.seed = 0
     hook = LiberoVLMReward.from_env_cfg(run_d.train, 4, client=object())
     assert hook is not None and hook.config.reward_source == "progress" and hook.config.backend == "embed"
     assert hook.config.progress_url == "http://127.0.0.1:18080/progress/batch"
+    # the job is the launch's log path and seed, resolved by OmegaConf; the identity its digest
+    assert hook.config.job == "../results/seed=0" and hook.identity.startswith("runD_srpo-")
 
 
 def test_missing_base_config_is_an_error(tmp_path, capsys):

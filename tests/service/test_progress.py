@@ -266,6 +266,11 @@ def test_references_are_kept_apart_by_namespace_and_not_remembered_when_asked_no
         same = _batch(http, [item(1, False, (9, 9, 9))], reference_namespace="run-1")
         assert other["results"][0]["result"]["outcome"] == "no_reference"
         assert same["results"][0]["result"]["reference"]["stored"] == 1
+        # each answer names the namespace it used and what each task held before it
+        assert other["references"] == {"namespace": "run-2", "store": True, "at_start": {"1": 0}, "total_at_start": 0}
+        assert same["references"] == {"namespace": "run-1", "store": True, "at_start": {"1": 1}, "total_at_start": 1}
+        unnamed = _batch(http, [item(2, True, (10, 10, 10))], use_reference_store=False)
+        assert unnamed["references"] == {"namespace": "", "store": False, "at_start": {"2": 0}, "total_at_start": 0}
 
 
 def test_stored_vectors_of_another_size_are_a_mismatch_not_a_distance(
