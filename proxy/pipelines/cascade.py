@@ -76,7 +76,8 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
                               "asked": {"max_pixels": request.max_pixels,
                                         "backend_kwargs": request.backend_kwargs or None}}
     envelope = Envelope(services, effects, None, resolved=dataclasses.replace(stages[0], name=state.name),
-                        describe=lambda: {**record, "cascade": {"stages": [s.model_dump() for s in ran]}},
+                        describe=lambda: {**record, "cascade": {"stages": [s.model_dump() for s in ran],
+                                                                "threshold": cfg.threshold}},
                         watch=(request.task_text, metadata))
     with envelope:
         decoder = decode_stage(stages)
@@ -125,6 +126,7 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
             "cascade": info, "timings_ms": {**final.timings_ms, "total": round(total_s * 1e3, 3)}})
         for stage in ran:
             envelope.observe_as(stage_label(state.name, stage.backend), stage.score)
+        envelope.observe_cascade(ran, cfg.threshold, stopped)
         _count_audit(services, state, ran)
         line = {**envelope.describe(), "model": response.model, "score": response.score,
                 "raw_score": response.raw_score, "parse": response.parse.model_dump(),

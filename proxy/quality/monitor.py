@@ -13,6 +13,7 @@ from typing import Any
 from proxy.audit import AuditLog
 from proxy.config import QualityConfig
 from proxy.metrics import Metrics
+from proxy.quality.cascade_window import CascadeWatch, stage_outcomes
 from proxy.quality.window import KeyWindow
 from vlm_protocol.agreement import ALARM, OK, RESET, UNKNOWN
 
@@ -50,6 +51,7 @@ class QualityMonitor:
         self.config, self.metrics, self.audit = config, metrics, audit
         self.windows: dict[Key, KeyWindow] = {}
         self.dropped = 0
+        self.cascades = CascadeWatch(config.window, config.max_keys, metrics)  # escalation and audit rates
 
     def observe(self, backend: str, task_text: str, metadata: dict[str, Any] | None,
                 score: float | None) -> dict[str, Any] | None:
@@ -76,6 +78,12 @@ class QualityMonitor:
         if window is None:  # no truth for this key yet: nothing to say
             return None
         return self._answer(key, window)
+
+    def observe_cascade(self, cascade: str, task_text: str, metadata: dict[str, Any] | None, stages: list[Any],
+                        threshold: float, stopped: str | None) -> None:
+        """One cascade episode's stages (proxy/quality/cascade_window.py): escalation and audit rates."""
+        if self.config.enabled and (metadata or {}).get("replay_of_line") is None:
+            self.cascades.observe(quality_key(cascade, task_text, metadata), stage_outcomes(stages, threshold, stopped))
 
     def _evict_idlest(self) -> bool:
         """Make room for a new key: forget the least recently seen key not in alarm (an alarm is never
@@ -167,7 +175,7 @@ class QualityMonitor:
         keys = [{**self._answer(key, w), "episodes_seen": w.episodes, "window": w.numbers, "first_window": w.first,
                  "probes": w.probe_numbers()} for key, w in self.windows.items()]
         return {"config": self.config.model_dump(), "keys": keys, "keys_dropped_episodes": self.dropped,
-                **self.health()}
+                "cascades": self.cascades.snapshot(), **self.health()}
 
 
 def _fmt(value: float | None) -> str:

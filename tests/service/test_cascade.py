@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import settings_from_dict
 from tests.conftest import PROMPTS_DIR, QWEN_MODEL, libero_settings_dict
@@ -21,6 +22,7 @@ from tests.fakes.episodes import episode_frames, npy_b64
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
 from tests.helpers import HANG_S
+from tests.service.test_dashboard import _used_by, cascade_series
 from vlm_protocol.wire import BUDGET_HEADER
 
 FRAMES = npy_b64(episode_frames(8, 64, 64))
@@ -178,3 +180,44 @@ def test_frame_rules_and_other_routes(stack):
     assert rules["cheap_first"]["labels"] == ["cheap_first"] and rules["cheap_first"]["layout"] == "qwen_video"
     dense = stack.http.post("/score/dense", json={**episode("task 0", "cheap_first"), "points": 2})
     assert dense.status_code == 422 and "cascade" in dense.json()["error"]["message"]
+
+
+def test_the_monitor_keeps_each_cascades_escalation_and_audit_disagreement_rates(stack):
+    """Per (run, cascade, task): the share of episodes the cheap stage sent on, by why, and of the
+    audited ones, the share where the cheap stage lay across the threshold from the final stage; on
+    /quality and as gauges. Episodes without env_success count too (the rates need no truth)."""
+    went_on, audits, crossed = 0, 0, 0
+    for n, (task, (p, q)) in enumerate(TASKS.items()):
+        in_band = BAND[0] <= p <= BAND[1]
+        audited = not in_band and drawn("cheap_first", f"w-{task}") < AUDIT
+        went_on += in_band or audited
+        audits += audited
+        crossed += audited and (p >= THRESHOLD) != (q / 100 >= THRESHOLD)
+        metadata = {"episode_id": f"w-{task}", "run": "watch", "task_id": "t",
+                    **({"env_success": q >= 50} if n % 2 else {})}
+        assert stack.score(task, metadata=metadata).status_code == 200
+    assert audits and crossed, "the ids w-<task> audit some confident episodes, one of them wrong"
+    [entry] = [c for c in stack.http.get("/quality").json()["cascades"] if c["key"]["run"] == "watch"]
+    assert entry["key"] == {"run": "watch", "backend": "cheap_first", "task_id": "t"}
+    numbers = entry["stages"]["p_done"]
+    assert entry["episodes"] == numbers["episodes"] == len(TASKS) and "qwen" not in entry["stages"]
+    assert numbers["escalation_rate"] == pytest.approx(went_on / len(TASKS))
+    assert numbers["by_why"]["audit"] == audits and numbers["audits"] == audits
+    assert numbers["audit_disagreement_rate"] == pytest.approx(crossed / audits)
+    gauges = {(s.name, s.labels.get("stage")): s.value for family in text_string_to_metric_families(
+        stack.http.get("/metrics").text) for s in family.samples if s.labels.get("run") == "watch"}
+    assert gauges[("vlm_proxy_cascade_escalation_rate", "p_done")] == pytest.approx(went_on / len(TASKS))
+    assert gauges[("vlm_proxy_cascade_audit_disagreement_rate", "p_done")] == pytest.approx(crossed / audits)
+    assert gauges[("vlm_proxy_cascade_window_audits", "p_done")] == audits
+
+
+def test_the_dashboards_cascade_panels_read_series_the_proxy_exports(stack):
+    for task in TASKS:
+        assert stack.score(task, metadata={"episode_id": f"w-{task}", "run": "panels", "env_success": True,
+                                           "task_id": "t"}).status_code == 200
+    exported = {s.name for family in text_string_to_metric_families(stack.http.get("/metrics").text)
+                for s in family.samples}
+    wanted = cascade_series(_used_by())
+    assert len(wanted) >= 4, wanted  # the rates, the audits behind them, the counter by why
+    assert {"vlm_proxy_cascade_escalation_rate", "vlm_proxy_cascade_audit_disagreement_rate"} <= set(wanted)
+    assert not set(wanted) - exported, sorted(set(wanted) - exported)
