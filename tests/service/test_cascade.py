@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -182,7 +183,7 @@ def test_frame_rules_and_other_routes(stack):
     assert dense.status_code == 422 and "cascade" in dense.json()["error"]["message"]
 
 
-def test_the_monitor_keeps_each_cascades_escalation_and_audit_disagreement_rates(stack):
+def test_the_monitor_keeps_each_cascades_escalation_and_audit_disagreement_rates(stack, tmp_path):
     """Per (run, cascade, task): the share of episodes the cheap stage sent on, by why, and of the
     audited ones, the share where the cheap stage lay across the threshold from the final stage; on
     /quality and as gauges. Episodes without env_success count too (the rates need no truth)."""
@@ -209,6 +210,18 @@ def test_the_monitor_keeps_each_cascades_escalation_and_audit_disagreement_rates
     assert gauges[("vlm_proxy_cascade_escalation_rate", "p_done")] == pytest.approx(went_on / len(TASKS))
     assert gauges[("vlm_proxy_cascade_audit_disagreement_rate", "p_done")] == pytest.approx(crossed / audits)
     assert gauges[("vlm_proxy_cascade_window_audits", "p_done")] == audits
+    # the report reads the same numbers from the audit lines' cascade fields
+    stack.proxy.flush_audit()
+    lines = [json.loads(text) for text in Path(stack.proxy.settings.proxy.audit_log).read_text().splitlines()]
+    log = tmp_path / "watch.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines if (r.get("metadata") or {}).get("run") == "watch"))
+    from reports.report import build_report
+
+    stages = build_report(log, out=tmp_path / "report")["logs"][0]["cascades"]["cheap_first"]["stages"]
+    assert stages["p_done"]["escalation_rate"] == pytest.approx(went_on / len(TASKS))
+    assert (stages["p_done"]["audits"], stages["p_done"]["audit_disagreements"]) == (audits, crossed)
+    assert stages["qwen"]["ran"] == went_on and stages["qwen"]["judged"] == 0
+    assert "Cascades" in (tmp_path / "report" / "report.html").read_text()
 
 
 def test_the_dashboards_cascade_panels_read_series_the_proxy_exports(stack):
