@@ -146,13 +146,22 @@ async def _stage(services: Services, request: ScoreRequest, backend: Backend, fr
     cfg: BackendConfig = backend.config
     asked = request.model_copy(update={"backend": backend.name, "frame_rules": None, "stills": None})
     prepared = prepare(services, asked, cfg)
-    shown = frames if layout_has_stills(cfg.layout or "") else dataclasses.replace(frames, stills=[],
-                                                                                   still_size=None)
+    shown = frames if layout_has_stills(cfg.layout or "") else _without_stills(frames)
     loaded = describe_frames(asked, cfg, shown, requested)
     trace = EpisodeTrace(backend=backend.name, task_text=request.task_text, prompt=prepared.prompt,
                          frames=loaded.info)
     return await score_frames(services, backend, asked, prepared, loaded, trace, budget_s=budget_s,
                               started=time.perf_counter())
+
+
+def _without_stills(frames: EncodedFrames) -> EncodedFrames:
+    """The frames without their stills, for a stage whose layout shows none. The JPEGs are the same
+    objects, so their hashes carry over: every stage's provenance reuses one hashing of the episode."""
+    if not frames.stills:
+        return frames
+    shown = dataclasses.replace(frames, stills=[], still_size=None)
+    shown.__dict__["sha256"] = frames.sha256  # functools.cached_property's own slot
+    return shown
 
 
 async def _go_on(cfg: Any, state: CascadeState, index: int, answers: list[ScoreResponse], identity: str,

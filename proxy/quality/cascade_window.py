@@ -64,22 +64,62 @@ def window_numbers(entries: list[list[StageOutcome]]) -> dict[str, dict[str, Any
     return out
 
 
+class _Window:
+    """One key's last `size` episodes and their running sums per stage (added and taken off as an
+    episode enters and leaves, so an episode costs its own stages, not the window's)."""
+
+    def __init__(self, size: int) -> None:
+        self.entries: deque[list[StageOutcome]] = deque()
+        self.size = size
+        self.sums: dict[str, list[int]] = {}  # stage → [episodes, escalated, band, disagree, audit, audits, crossed]
+
+    def add(self, outcomes: list[StageOutcome]) -> None:
+        self.entries.append(outcomes)
+        self._count(outcomes, 1)
+        if len(self.entries) > self.size:
+            self._count(self.entries.popleft(), -1)
+
+    def _count(self, outcomes: list[StageOutcome], sign: int) -> None:
+        for backend, why, audited in outcomes:
+            sums = self.sums.setdefault(backend, [0] * 7)
+            sums[0] += sign
+            if why is not None:
+                sums[1] += sign
+                if why in WHYS:
+                    sums[2 + WHYS.index(why)] += sign
+            if audited is not None:
+                sums[5] += sign
+                sums[6] += sign * audited
+
+    def numbers(self) -> dict[str, dict[str, Any]]:
+        """The same as window_numbers(list(self.entries)), from the running sums."""
+        out = {}
+        for backend, (episodes, escalated, band, disagree, audit, audits, crossed) in self.sums.items():
+            if episodes:
+                out[backend] = {"episodes": episodes, "escalated": escalated,
+                                "by_why": {"band": band, "disagree": disagree, "audit": audit},
+                                "audits": audits, "audit_disagreements": crossed,
+                                "escalation_rate": escalated / episodes,
+                                "audit_disagreement_rate": crossed / audits if audits else None}
+        return out
+
+
 class CascadeWatch:
     def __init__(self, window: int, max_keys: int, metrics: Any) -> None:
         self.size, self.max_keys, self.metrics = window, max_keys, metrics
-        self.windows: OrderedDict[tuple[str | None, str, str], deque[list[StageOutcome]]] = OrderedDict()
+        self.windows: OrderedDict[tuple[str | None, str, str], _Window] = OrderedDict()
         self.numbers: dict[tuple[str | None, str, str], dict[str, dict[str, Any]]] = {}
 
     def observe(self, key: tuple[str | None, str, str], outcomes: list[StageOutcome]) -> dict[str, dict[str, Any]]:
         window = self.windows.pop(key, None)
         if window is None:
-            window = deque(maxlen=self.size)
+            window = _Window(self.size)
             while len(self.windows) >= self.max_keys:
                 old, _ = self.windows.popitem(last=False)
                 self._forget(old)
         self.windows[key] = window  # the most recently seen last: eviction takes the idlest first
-        window.append(outcomes)
-        numbers = self.numbers[key] = window_numbers(list(window))
+        window.add(outcomes)
+        numbers = self.numbers[key] = window.numbers()
         labels = (key[0] or "", key[1], key[2])
         for stage, n in numbers.items():
             self.metrics.cascade_escalation_rate.labels(*labels, stage).set(n["escalation_rate"])
@@ -98,6 +138,6 @@ class CascadeWatch:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """GET /quality's `cascades`: each key's window, per stage that can go on."""
-        return [{"key": {"run": run, "backend": cascade, "task_id": task}, "episodes": len(window),
+        return [{"key": {"run": run, "backend": cascade, "task_id": task}, "episodes": len(window.entries),
                  "stages": self.numbers.get((run, cascade, task), {})}
                 for (run, cascade, task), window in self.windows.items()]
