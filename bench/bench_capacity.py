@@ -11,7 +11,10 @@ closed loop) and py-spy get the other CPUs when there are any; when the proxy ha
 
 Two backends, shaped as configs/libero.yaml ships them: qwen (`qwen_video`, prompt
 `qwen_progress`) and primo (`primo_interleave`: first frame, the 16-frame video, last frame,
-prompt `primo_r1_trained`). Input kinds, each one body built before the timed loop and re-sent
+prompt `primo_r1_trained`); and, not run by default, pdone (a P(done) backend, prompt `topreward`,
+on Qwen's replicas) and cascade (a cascade of pdone, then qwen, whose first stage is sure on every
+episode: its row against pdone's, in the same run, is the cascade's own proxy CPU, printed at the
+end as a ratio). Input kinds, each one body built before the timed loop and re-sent
 (a 16-step pick of a 512-step 256x256 LIBERO-like episode; KINDS maps a kind to its builder):
   npy               the RLinf client's binary transport: multipart, the 16 frames as a raw .npy part
   jpeg_final        16 JPEGs at the size the proxy sends (336x336), base64 in JSON `frames`
@@ -116,6 +119,7 @@ class BackendSpec:
     layout: str
     prompt: str
     gpu_note: str
+    fakes: str = ""  # the backend whose fakes (replicas) it shares; "" = fakes of its own
 
 
 BACKENDS = {
@@ -123,7 +127,16 @@ BACKENDS = {
                         "Qwen2.5-VL-7B-Instruct"),
     "primo": BackendSpec("primo", "PRIMO-R1", PRIMO_MODEL, PRIMO_REPLY, "primo_interleave", "primo_r1_trained",
                          "PRIMO-R1-7B"),
+    # P(done) (prompt topreward: one token's logprobs) on Qwen's replicas, and a cascade of it before
+    # Qwen. The fakes answer P(True) = CASCADE_P_TRUE, outside the band, and the audit is off: every
+    # episode stops at the first stage, so the cascade's row against pdone's is the cascade's own
+    # overhead (its stage bookkeeping, the stage keys on the monitor), never a second call.
+    "pdone": BackendSpec("pdone", "qwen_p_done", QWEN_MODEL, QWEN_REPLY, "qwen_video", "topreward",
+                         "P(done) on Qwen2.5-VL-7B", fakes="qwen"),
+    "cascade": BackendSpec("cascade", "qwen_cascade", QWEN_MODEL, QWEN_REPLY, "qwen_video", "",
+                           "a cascade: P(done), then Qwen2.5-VL-7B on doubt", fakes="qwen"),
 }
+CASCADE_P_TRUE, CASCADE_BAND = 0.95, (0.3, 0.7)
 TASK = "put both the alphabet soup and the tomato sauce in the basket"
 # What RLinf's hook sends (rlinf_client/hook.py _metadata), so the live quality monitor does its work.
 METADATA = {"env_success": False, "env": 0, "run": "capacity", "success_threshold": 0.5,
@@ -137,12 +150,17 @@ def capacity_config(endpoints: dict[str, list[str]], media_root: Path, media_wor
     proxy = {**shipped["proxy"], "allowed_media_roots": [str(media_root)], "prompts_dir": str(REPO / "prompts"),
              "audit_log": None, "media_workers": media_workers, "host": HOST}
     backends = {}
-    for spec in BACKENDS.values():
+    for spec in (s for s in BACKENDS.values() if not s.fakes):
         backend = dict(shipped["backends"][spec.name])
         backend.update(model=spec.model, endpoints=endpoints[spec.key], layout=spec.layout, prompt=spec.prompt,
                        routing={"policy": "least_outstanding"})
         backends[spec.name] = backend
-    return {"proxy": proxy, "backends": backends}
+    qwen, pdone, cascade = BACKENDS["qwen"], BACKENDS["pdone"], BACKENDS["cascade"]
+    # the same replicas, so the same pool settings (one pool: proxy/config/settings.py)
+    backends[pdone.name] = {**backends[qwen.name], "aliases": [], "prompt": pdone.prompt, "score_mode": "auto"}
+    cascades = {cascade.name: {"stages": [{"backend": pdone.name, "band": list(CASCADE_BAND), "audit_fraction": 0.0},
+                                          {"backend": qwen.name}]}}
+    return {"proxy": proxy, "backends": backends, "cascades": cascades}
 
 
 # -- input kinds ---------------------------------------------------------------------------------
@@ -710,10 +728,16 @@ def run_cores(cores: int, args, inputs: Inputs, available: list[int], py_spy: st
     os.sched_setaffinity(0, placement.others)  # this process (it only waits) and the load processes
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as starter:  # each start waits for its /health
-            for spec in BACKENDS.values():
+            for spec in (s for s in BACKENDS.values() if not s.fakes):
                 fakes[spec.key] = list(starter.map(
                     lambda i, spec=spec: start_fake(log_dir, f"fake-{spec.key}-{i}", spec.model,
                                                     default_text=spec.reply, prefix=others), range(fakes_n)))
+        with httpx.Client(timeout=30, trust_env=False) as client:  # P(done)'s answer: sure, outside the band
+            for fake in fakes["qwen"]:
+                client.post(f"{fake.url}/_fake/config", json={"label_logprobs": {
+                    "True": math.log(CASCADE_P_TRUE), "False": math.log(1 - CASCADE_P_TRUE)}}).raise_for_status()
+        for spec in (s for s in BACKENDS.values() if s.fakes):
+            fakes[spec.key] = fakes[spec.fakes]
         config = capacity_config({k: [f"{f.url}/v1" for f in v] for k, v in fakes.items()}, inputs.media_root, cores)
         info["config"] = config
         proxy = start_proxy(log_dir, config, prefix=(ptracer_prefix() if py_spy else []) + pin_prefix(placement.proxy),
@@ -754,8 +778,8 @@ def run_cores(cores: int, args, inputs: Inputs, available: list[int], py_spy: st
             pool.close()
         if stack:
             stop(stack.proxy)
-        for servers in fakes.values():
-            for server in servers:
+        for key, servers in fakes.items():
+            for server in servers if not BACKENDS[key].fakes else ():  # a shared fake stops once
                 stop(server)
     return rows, info
 
@@ -816,6 +840,10 @@ def model_gpu_rates(captures: dict, args) -> dict:
                   "source": f"prompt / {prefill:.0f} prefill tok/s (Qwen's: 15 ep/s x {args.qwen_prompt_tokens}) "
                             f"+ {args.primo_output_tokens} output tokens / {args.decode_tok_s:.0f} decode tok/s"},
         "prefill_tok_s": prefill, "decode_tok_s": args.decode_tok_s,
+        # P(done) and the cascade whose first stage is sure: Qwen's prefill, one output token
+        **{key: {"gpu_eps": args.qwen_gpu_eps, "prompt_tokens": args.qwen_prompt_tokens,
+                 "vision_tokens": qwen_up["vision_tokens"], "text_tokens_est": estimate_text_tokens(qwen_up),
+                 "source": "as Qwen's: the same prefill, one output token"} for key in ("pdone", "cascade")},
     }
 
 
@@ -856,6 +884,33 @@ def shared_ceiling(low: dict, high: dict) -> float | None:
     return high["cores"] * 1e3 / per_episode_ms / low["eps"]
 
 
+def cascade_overhead(rows: list[dict]) -> list[dict]:
+    """Per (cores, kind) with a cascade row: its proxy CPU per episode over P(done)'s alone (the
+    cascade's first stage, the same call) and over Qwen's, measured in the same run."""
+    out = []
+    by = {(r["cores"], r["backend"], r["kind"]): r for r in rows if not r["errors"]}
+    for (cores, backend, kind), row in sorted(by.items()):
+        if backend != "cascade":
+            continue
+        entry = {"cores": cores, "kind": kind, "cascade_cpu_ms": row["cpu_ms"]}
+        for base in ("pdone", "qwen"):
+            other = by.get((cores, base, kind))
+            if other and other["cpu_ms"] > 0:
+                entry[f"{base}_cpu_ms"], entry[f"over_{base}"] = other["cpu_ms"], row["cpu_ms"] / other["cpu_ms"]
+        out.append(entry)
+    return out
+
+
+def print_cascade_overhead(overhead: list[dict]) -> None:
+    if not overhead:
+        return
+    print("\nThe cascade's overhead (its first stage sure on every episode: no second call), proxy CPU ms per episode:")
+    for o in overhead:
+        print(f"  {o['cores']} core(s) {o['kind']:17} cascade {o['cascade_cpu_ms']:.2f}"
+              + "".join(f"; {b} alone {o[f'{b}_cpu_ms']:.2f} (x{o[f'over_{b}']:.2f})" for b in ("pdone", "qwen")
+                        if f"over_{b}" in o))
+
+
 def sizing(model: list[dict], gpus: int) -> list[str]:
     """For `gpus` GPUs of one backend: the cores (CPU cost) and the proxy processes (GIL cap) needed."""
     lines = []
@@ -869,7 +924,7 @@ def sizing(model: list[dict], gpus: int) -> list[str]:
 
 def print_model(model: list[dict], gpu: dict, gpus: int) -> None:
     print("\nThe model: GPUs one proxy feeds")
-    for key, g in ((k, gpu[k]) for k in ("qwen", "primo")):
+    for key, g in ((k, gpu[k]) for k in ("qwen", "primo", "pdone", "cascade")):
         print(f"  {BACKENDS[key].gpu_note}: {g['gpu_eps']:.1f} episodes/s per H100 ({g['prompt_tokens']} prompt "
               f"tokens: {g['vision_tokens']} vision + ~{g['text_tokens_est']} text"
               + (f", ~{g['output_tokens']} output" if "output_tokens" in g else "") + f"; {g['source']})")
@@ -908,7 +963,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cores", default="1,2", help="comma list: CPUs the proxy is pinned to, one run each")
     parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help=f"comma list of {', '.join(KINDS)}")
-    parser.add_argument("--backends", default="qwen,primo", help="comma list of qwen, primo")
+    parser.add_argument("--backends", default="qwen,primo",
+                        help="comma list of qwen, primo, pdone (P(done) on Qwen's replicas), cascade (P(done) then "
+                             "Qwen, the first stage sure: its overhead against pdone's, printed at the end)")
     parser.add_argument("--requests", type=int, default=400, help="answers per timed window at most")
     parser.add_argument("--seconds", type=float, default=10.0, help="timed window at most (s)")
     parser.add_argument("--concurrency", type=int, default=0, help="requests in flight (0: 8 x cores, at least 16)")
@@ -988,10 +1045,12 @@ def main() -> int:
         gpu = model_gpu_rates(captures, args)
         model = the_model(rows, gpu)
         print_model(model, gpu, args.gpus)
+        overhead = cascade_overhead(rows)
+        print_cascade_overhead(overhead)
         out = write_json(out_path, {
             **head, "duration_s": time.time() - started, "runs": runs, "rows": rows,
             "upstream": {f"{b}/{k}": v for (b, k), v in captures.items()}, "gpu": gpu, "model": model,
-            "sizing": sizing(model, args.gpus),
+            "sizing": sizing(model, args.gpus), "cascade_overhead": overhead,
             "failed": failed})
     print(f"wrote {out}  ({time.time() - started:.0f} s)")
     if failed:

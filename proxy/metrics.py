@@ -129,6 +129,17 @@ class Metrics:
         self.cascade_audits = Counter("vlm_proxy_cascade_audits_total", "Audited episodes by whether the cheap "
                                       "stage landed on the other side of the threshold from the final stage "
                                       "(disagree) or not (agree)", ["cascade", "stage", "outcome"], registry=r)
+        # A cascade's window per (run, cascade, task) and stage (proxy/quality/cascade_window.py).
+        self.cascade_escalation_rate = Gauge("vlm_proxy_cascade_escalation_rate", "Share of the window's episodes "
+                                             "reaching the stage that went on (band, disagree or audit)",
+                                             [*key, "stage"], registry=r)
+        self.cascade_audit_disagreement_rate = Gauge(
+            "vlm_proxy_cascade_audit_disagreement_rate", "Share of the window's audited episodes where the stage "
+            "lies across the cascade's threshold from the final stage (NaN without an audit)", [*key, "stage"],
+            registry=r)
+        self.cascade_window_audits = Gauge("vlm_proxy_cascade_window_audits", "Audited episodes of the stage in "
+                                           "the window (what the disagreement rate rests on)", [*key, "stage"],
+                                           registry=r)
         self.quality_keys_evicted = Counter("vlm_proxy_quality_keys_evicted_total", "Keys forgotten to make room "
                                             "for a new one (the least recently seen not in alarm)", registry=r)
         self.quality_keys_dropped = Counter("vlm_proxy_quality_keys_dropped_total", "Episodes not tracked: "

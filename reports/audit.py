@@ -26,6 +26,7 @@ from typing import Any
 
 from reports.audit_lines import audit_files, audit_records
 from reports.by_task import ByTask
+from reports.cascade_lines import CascadeLog
 from reports.dense_curves import DenseLog
 from reports.monitor_lines import AlarmLog, ProbeLog
 from reports.progress_quality import ProgressLog
@@ -122,6 +123,7 @@ class AuditSummary(ByTask["Group"]):
     alarms: AlarmLog = field(default_factory=AlarmLog)  # kind: quality_alarm lines (also in other_kinds)
     probes: ProbeLog = field(default_factory=ProbeLog)  # kind: probe lines (also in other_kinds)
     dense: DenseLog = field(default_factory=DenseLog)  # kind: dense_point lines (also in other_kinds)
+    cascades: CascadeLog = field(default_factory=CascadeLog)  # scored lines' `cascade` fields
     first_ts: float | None = None
     last_ts: float | None = None
     _worst: dict[str, list] = field(default_factory=dict)  # backend -> min-heap of the worst
@@ -194,6 +196,8 @@ class AuditSummary(ByTask["Group"]):
                     examples.append(str(record.get("output_text") or error.get("message") or "")[:TEXT_CHARS])
             return None
         group.scored += 1
+        if "cascade" in record:
+            self.cascades.add(record)
         group.scores.append(score)
         group.truth.append(success)
         _append_number(group.latency_ms, (record.get("timings_ms") or {}).get("total")

@@ -13,7 +13,8 @@ episode and control:
     cost          upstream calls, prompt and completion tokens, and seconds, per episode
 
 A method "ranks first" on a number when it is the best there (AUC, VOC, instruction drop: highest;
-the controls' VOC and the cost: lowest). Pure: records in, numbers and HTML out.
+the controls' VOC and the cost: lowest). A cascade's frontier is its own section of the page
+(reports/cascade_frontier.py). Pure: records in, numbers and HTML out.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from reports.cascade_frontier import frontier_section
 from reports.plotting import fmt, table, write_page
 from vlm_protocol.agreement import roc_auc, voc
 
@@ -114,7 +116,16 @@ def _row(method: str, task: str, n: dict[str, Any], first: dict[str, str | None]
 
 
 def render_eval(out: Path, result: dict[str, Any]) -> Path:
+    """eval.html: the methods' table (when any backend was named) and each cascade's frontier."""
     numbers, first = result["methods"], result["ranks_first"]
+    cascades = result.get("cascades") or {}
+    frontiers = "".join(frontier_section(name, f) if f.get("policies") else
+                        f"<h2>Cascade {html.escape(name)}</h2><p>No episode was scored by every stage.</p>"
+                        for name, f in cascades.items())
+    if not numbers:
+        body = (f"<h1>Reward methods on {html.escape(result['episodes_source'])}</h1>"
+                f"<p>{result['episodes']} episodes ({result['successes']} successes).</p>" + frontiers)
+        return write_page(out / "eval.html", "Reward methods", body)
     lines = [f"<li><b>{html.escape(key)}</b>: {html.escape(method or '—')}</li>" for key, method in first.items()]
     rows = [_row(m, t, n, first) for m, tasks in numbers.items() for t, n in tasks.items()]
     body = (f"<h1>Reward methods on {html.escape(result['episodes_source'])}</h1>"
@@ -132,5 +143,6 @@ def render_eval(out: Path, result: dict[str, Any]) -> Path:
             "<li><b>instruction drop</b>: how much a success's score falls under another task's instruction "
             "(above 0: the model reads the instruction).</li>"
             "<li><b>cost</b>: upstream calls, prompt tokens and seconds per episode, controls included.</li>"
-            "<li>A method with a failed call is not ranked (★): its numbers rest on the episodes it scored.</li></ul>")
+            "<li>A method with a failed call is not ranked (★): its numbers rest on the episodes it scored.</li></ul>"
+            + frontiers)
     return write_page(out / "eval.html", "Reward methods", body)

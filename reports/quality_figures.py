@@ -39,6 +39,7 @@ class LogNumbers:
     alarms: list[dict[str, Any]] = field(default_factory=list)  # alarm periods (kind: quality_alarm lines)
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> probe numbers (kind: probe)
     dense: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> VOC of its dense curves
+    cascades: dict[str, dict[str, Any]] = field(default_factory=dict)  # cascade -> its stages' numbers
 
     @property
     def name(self) -> str:

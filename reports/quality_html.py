@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reports.cascade_lines import cascade_section
 from reports.dense_curves import dense_section
 from reports.plotting import alert, fmt, image_tag, table, write_page
 from reports.progress_quality import progress_alerts, progress_section
@@ -381,6 +382,7 @@ def render_report(out_dir: Path, logs: list[LogNumbers], pairs: list[dict[str, A
     for log in logs:
         body.extend((alarms_section(log, out_dir), probes_section(log),
                      dense_section(log.dense, f" — {log.name}" if log.label else ""),
+                     cascade_section(log.cascades, f" — {log.name}" if log.label else ""),
                      calibration_section(log, out_dir)))
     for log in logs:
         body.extend(_backend_section(log, backend, threshold, store, out_dir) for backend in log.backends)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.audit import Episodes, read_audit_log
+from reports.cascade_lines import measure_cascades
 from reports.dense_curves import measure_dense
 from reports.monitor_lines import alarm_periods, measure_probes
 from reports.plotting import MissingDependencyError, fmt
@@ -42,6 +43,7 @@ def measure(path: str | Path, *, threshold: float, worst: int, label: str = "") 
     log.alarms = alarm_periods(summary.alarms, summary.first_ts, summary.last_ts)
     log.probes = measure_probes(summary.probes)
     log.dense = measure_dense(summary.dense)
+    log.cascades = measure_cascades(summary.cascades)
     return log
 
 
@@ -91,7 +93,7 @@ def build_report(audit: str | Path, *, out: str | Path, compare: str | Path | No
         {"label": log.label, "path": str(log.summary.path), "lines": log.summary.lines,
          "malformed": log.summary.malformed, "backends": log.backends, "tasks": log.tasks,
          "progress": log.progress, "calibration": log.calibration, "alarms": log.alarms, "probes": log.probes,
-         "dense": log.dense,
+         "dense": log.dense, "cascades": log.cascades,
          "other_kinds": dict(sorted(log.summary.other_kinds.items()))} for log in logs],
         "compare": pairs}
     (out_dir / "report.json").write_text(json.dumps(_plain(result), indent=1), encoding="utf-8")

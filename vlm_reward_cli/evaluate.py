@@ -18,6 +18,10 @@ instruction. Episodes longer than MAX_FRAMES frames are sampled evenly down to i
 and a score only ever see sampled frames), and frames larger than the backends' largest
 `frames.max_pixels` are scaled down to it (they resize to it anyway; the body cap stays far).
 The app's audit log goes to DIR/audit.jsonl: `vlm-reward-proxy report` reads it too.
+
+A cascade named by --backend is not a method of its own: each of its stages scores each episode
+with ONE POST /score, and its cost–quality frontier is replayed from those scores offline
+(vlm_reward_cli/eval_cascade.py, reports/cascade_frontier.py; no controls).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from proxy.errors import ConfigError
 from reports.method_eval import CONTROLS
 from vlm_protocol.frames import sample_indices
 from vlm_protocol.wire import DENSE_PATH
+from vlm_reward_cli.eval_cascade import add_cascade_arguments, cascade_arguments
 from vlm_reward_cli.progress import ProgressLine
 
 __all__ = ["Episode", "add_subcommand", "evaluate", "load_episodes"]
@@ -191,14 +196,18 @@ def _variants(episode: Episode, frames: Any, episodes: list[Episode], controls: 
 
 
 async def evaluate(settings: Any, episodes: list[Episode], backends: list[str], *, points: int,
-                   controls: tuple[str, ...], concurrency: int, seed: int = 0, progress=None) -> list[dict[str, Any]]:
-    """One record per (episode, backend, control): score, curve, cost, or the error."""
+                   controls: tuple[str, ...], concurrency: int, seed: int = 0, progress=None,
+                   stages: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One record per (episode, backend, control): score, curve, cost, or the error; and one per
+    (episode, stage backend of a cascade): its one /score (vlm_reward_cli/eval_cascade.py)."""
     import httpx
 
     from proxy.http.app import create_app
+    from vlm_reward_cli.eval_cascade import score_stage
 
     app = create_app(settings)
     records: list[dict[str, Any]] = []
+    stage_records: list[dict[str, Any]] = []
     slots = asyncio.Semaphore(concurrency)
     key = settings.proxy_api_key()
     headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -234,7 +243,13 @@ async def evaluate(settings: Any, episodes: list[Episode], backends: list[str], 
         if progress:
             progress(len(records))
 
-    max_pixels = max(settings.backends[b].frames.max_pixels for b in backends)
+    async def stage(http: httpx.AsyncClient, episode: Episode, backend: str, frames_b64: str) -> None:
+        async with slots:
+            stage_records.append(await score_stage(http, episode, backend, frames_b64))
+        if progress:
+            progress(len(records) + len(stage_records))
+
+    max_pixels = max(settings.backends[b].frames.max_pixels for b in (*backends, *stages))
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://eval", timeout=None, headers=headers) as http:
         for episode in episodes:
@@ -243,28 +258,39 @@ async def evaluate(settings: Any, episodes: list[Episode], backends: list[str], 
             for control, task, variant in _variants(episode, frames, episodes, controls, seed):
                 frames_b64 = await asyncio.to_thread(_npy_b64, variant)
                 calls += [one(http, episode, backend, control, task, frames_b64) for backend in backends]
+                if control is None:
+                    calls += [stage(http, episode, backend, frames_b64) for backend in stages]
             await asyncio.gather(*calls)  # one episode's frames in memory at a time
-    return sorted(records, key=lambda r: (r["episode"], r["method"], r["control"] or ""))
+    return (sorted(records, key=lambda r: (r["episode"], r["method"], r["control"] or "")),
+            sorted(stage_records, key=lambda r: (r["episode"], r["stage"])))
 
 
-def _settings(config: Path, backends: list[str], out: Path) -> tuple[Any, list[str]]:
+def _settings(config: Path, backends: list[str], out: Path) -> tuple[Any, list[str], list[str]]:
+    """The settings, the backends named (by name) and the cascades named (by name)."""
     from proxy.config import read_config, settings_from_dict
 
     data = read_config(config)
-    known = data.get("backends") or {}
-    names = []
+    known, cascades = data.get("backends") or {}, data.get("cascades") or {}
+    names, cascade_names = [], []
     for backend in backends:
         name = next((n for n, cfg in known.items() if backend == n or backend in (cfg or {}).get("aliases", [])), None)
-        if name is None:
-            raise ConfigError(f"--backend {backend!r} is not in {config} (backends: {', '.join(known)})")
-        names.append(name)
+        cascade = next((n for n, cfg in cascades.items() if backend == n or backend in (cfg or {}).get("aliases", [])),
+                       None)
+        if name is None and cascade is None:
+            raise ConfigError(f"--backend {backend!r} is not in {config} (backends: {', '.join(known)}"
+                              + (f"; cascades: {', '.join(cascades)})" if cascades else ")"))
+        if name is not None:
+            names.append(name)
+        else:
+            cascade_names.append(cascade)
     proxy = data.setdefault("proxy", {})
     proxy["audit_log"] = str((out / "audit.jsonl").resolve())
-    return settings_from_dict(data, base_dir=config.parent.resolve(), source=str(config)), names
+    return settings_from_dict(data, base_dir=config.parent.resolve(), source=str(config)), names, cascade_names
 
 
 def _run(args: argparse.Namespace) -> int:
     from reports.method_eval import method_numbers, rank, render_eval
+    from vlm_reward_cli.eval_cascade import cascade_frontiers, cascade_spec
 
     out = Path(args.out)
     if (args.episodes is None) == (args.audit is None) or (args.audit is None) != (args.frame_store is None):
@@ -279,23 +305,32 @@ def _run(args: argparse.Namespace) -> int:
     unknown = sorted(set(controls) - set(CONTROLS))
     if unknown:
         raise ConfigError(f"--controls: unknown {', '.join(unknown)}; choose from {', '.join(CONTROLS)} or none")
+    bands = cascade_arguments(args)
     out.mkdir(parents=True, exist_ok=True)
-    settings, backends = _settings(Path(args.config), args.backend, out)
-    total = len(episodes) * len(backends) * (1 + len(controls))
-    records = asyncio.run(evaluate(settings, episodes, backends, points=args.points, controls=controls,
-                                   concurrency=args.concurrency, seed=args.seed,
-                                   progress=ProgressLine("eval", total)))
+    settings, backends, cascades = _settings(Path(args.config), args.backend, out)
+    stages = tuple(dict.fromkeys(s["backend"] for c in cascades for s in cascade_spec(settings, c)["stages"]))
+    total = len(episodes) * (len(backends) * (1 + len(controls)) + len(stages))
+    records, stage_records = asyncio.run(evaluate(
+        settings, episodes, backends, points=args.points, controls=controls, concurrency=args.concurrency,
+        seed=args.seed, progress=ProgressLine("eval", total), stages=stages))
     numbers = method_numbers(records)
+    frontiers = cascade_frontiers(settings, cascades, stage_records, prefill_tps=args.prefill_tps,
+                                  decode_tps=args.decode_tps, max_auc_loss=args.max_auc_loss,
+                                  draws=args.random_draws, seed=args.seed, bands=bands)
     result = {"episodes_source": source, "episodes": len(episodes),
               "successes": sum(e.success for e in episodes), "points": args.points, "controls": list(controls),
-              "methods": numbers, "ranks_first": rank(numbers), "records": records}
+              "methods": numbers, "ranks_first": rank(numbers), "records": records,
+              "cascades": frontiers, "cascade_records": stage_records}
     (out / "eval.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     page = render_eval(out, result)
-    failed = sum(1 for r in records if r.get("error"))
-    print(f"\neval: {len(episodes)} episodes × {len(backends)} method(s), {len(records)} calls' records, "
-          f"{failed} failed; {page}")
-    for key, method in result["ranks_first"].items():
+    failed = sum(1 for r in records if r.get("error")) + sum(1 for r in stage_records if r.get("error"))
+    print(f"\neval: {len(episodes)} episodes × {len(backends)} method(s) and {len(cascades)} cascade(s), "
+          f"{len(records) + len(stage_records)} calls' records, {failed} failed; {page}")
+    for key, method in result["ranks_first"].items() if backends else ():
         print(f"  first on {key}: {method or '—'}")
+    for name, frontier in frontiers.items():
+        print(f"  cascade {name}: cheapest within {args.max_auc_loss:g} AUC of {frontier.get('reference', '—')}: "
+              f"{frontier.get('cheapest_within_loss') or '—'}")
     return 0 if not failed else 1
 
 
@@ -326,12 +361,14 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--frame-store", metavar="DIR", help="the frame store of --audit")
     parser.add_argument("--config", required=True, metavar="FILE", help="proxy config (backends, prompts)")
     parser.add_argument("--backend", action="append", required=True, metavar="NAME",
-                        help="a backend (name or alias) to evaluate (repeatable: one per method)")
+                        help="a backend (name or alias) to evaluate (repeatable: one per method); a cascade's name "
+                             "scores each of its stages once per episode and draws its cost-quality frontier")
     parser.add_argument("--points", type=int, default=8, metavar="N", help="points per dense curve (default 8)")
     parser.add_argument("--controls", default=",".join(CONTROLS), metavar="LIST",
                         help=f"comma-separated, of {', '.join(CONTROLS)}; or none (default: all)")
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="the shuffled control's seed (default 0)")
     parser.add_argument("--limit", type=int, metavar="N", help="evaluate at most N episodes")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N", help="calls in flight (default 8)")
+    add_cascade_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="where eval.html, eval.json, audit.jsonl go")
     parser.set_defaults(func=_run)

@@ -72,7 +72,8 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
                               "asked": {"max_pixels": request.max_pixels,
                                         "backend_kwargs": request.backend_kwargs or None}}
     envelope = Envelope(services, effects, None, resolved=dataclasses.replace(stages[0], name=state.name),
-                        describe=lambda: {**record, "cascade": {"stages": [s.model_dump() for s in ran]}},
+                        describe=lambda: {**record, "cascade": {"stages": [s.model_dump() for s in ran],
+                                                                "threshold": cfg.threshold}},
                         watch=(request.task_text, metadata))
     with envelope:
         decoder = decode_stage(stages)
@@ -121,6 +122,7 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
             "cascade": info, "timings_ms": {**final.timings_ms, "total": round(total_s * 1e3, 3)}})
         for stage in ran:
             envelope.observe_as(stage_label(state.name, stage.backend), stage.score)
+        envelope.observe_cascade(ran, cfg.threshold, stopped)
         _count_audit(services, state, ran)
         line = {**envelope.describe(), "model": response.model, "score": response.score,
                 "raw_score": response.raw_score, "parse": response.parse.model_dump(),
@@ -140,13 +142,22 @@ async def _stage(services: Services, request: ScoreRequest, backend: Backend, fr
     cfg: BackendConfig = backend.config
     asked = request.model_copy(update={"backend": backend.name, "frame_rules": None, "stills": None})
     prepared = prepare(services, asked, cfg)
-    shown = frames if layout_has_stills(cfg.layout or "") else dataclasses.replace(frames, stills=[],
-                                                                                   still_size=None)
+    shown = frames if layout_has_stills(cfg.layout or "") else _without_stills(frames)
     loaded = describe_frames(asked, cfg, shown, requested)
     trace = EpisodeTrace(backend=backend.name, task_text=request.task_text, prompt=prepared.prompt,
                          frames=loaded.info)
     return await score_frames(services, backend, asked, prepared, loaded, trace, budget_s=budget_s,
                               started=time.perf_counter())
+
+
+def _without_stills(frames: EncodedFrames) -> EncodedFrames:
+    """The frames without their stills, for a stage whose layout shows none. The JPEGs are the same
+    objects, so their hashes carry over: every stage's provenance reuses one hashing of the episode."""
+    if not frames.stills:
+        return frames
+    shown = dataclasses.replace(frames, stills=[], still_size=None)
+    shown.__dict__["sha256"] = frames.sha256  # functools.cached_property's own slot
+    return shown
 
 
 async def _go_on(cfg: Any, state: CascadeState, index: int, answers: list[ScoreResponse], identity: str,

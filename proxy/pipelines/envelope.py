@@ -124,6 +124,16 @@ class Envelope:
         """The monitor's view of one part of the episode under a key of its own (a cascade's stage)."""
         return self._observe(score, label) if self.watch else None
 
+    def observe_cascade(self, stages: list[Any], threshold: float, stopped: str | None) -> None:
+        """The monitor's view of a cascade episode's stages: its escalation and audit rates."""
+        if not self.watch:
+            return
+        task_text, metadata = self.watch
+        try:
+            self.services.quality.observe_cascade(self.backend.name, task_text, metadata, stages, threshold, stopped)
+        except Exception:  # noqa: BLE001 - a bug in the monitor must not turn a score into a 500
+            log.exception("cascade window failed; the episode's answer is unaffected")
+
     def _observe(self, score: float | None, label: str | None = None) -> QualityStatus | None:
         assert self.watch is not None
         task_text, metadata = self.watch

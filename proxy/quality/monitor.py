@@ -19,6 +19,7 @@ from typing import Any
 from proxy.audit import AuditLog
 from proxy.config import QualityConfig
 from proxy.metrics import Metrics
+from proxy.quality.cascade_window import CascadeWatch, stage_outcomes
 from proxy.quality.window import KeyWindow
 from vlm_protocol.agreement import ALARM, OK, RESET, UNKNOWN
 
@@ -61,6 +62,7 @@ class QualityMonitor:
         self.config, self.metrics, self.audit = config, metrics, audit
         self.windows: dict[Key, KeyWindow] = {}
         self.dropped = 0
+        self.cascades = CascadeWatch(config.window, config.max_keys, metrics)  # escalation and audit rates
         # what GET /quality says of the restart's rebuild, until `adopt` says more
         self.restore: dict[str, Any] = (
             {"restored": False, "reason": "no audit log is configured (proxy.audit_log): nothing can be restored"}
@@ -112,6 +114,12 @@ class QualityMonitor:
         if window is None:  # no truth for this key yet: nothing to say
             return None
         return self._answer(key, window)
+
+    def observe_cascade(self, cascade: str, task_text: str, metadata: dict[str, Any] | None, stages: list[Any],
+                        threshold: float, stopped: str | None) -> None:
+        """One cascade episode's stages (proxy/quality/cascade_window.py): escalation and audit rates."""
+        if self.config.enabled and (metadata or {}).get("replay_of_line") is None:
+            self.cascades.observe(quality_key(cascade, task_text, metadata), stage_outcomes(stages, threshold, stopped))
 
     def _evict_idlest(self) -> bool:
         """Make room for a new key: forget the least recently seen key not in alarm (an alarm is never
@@ -215,7 +223,7 @@ class QualityMonitor:
                  "probes": w.probe_numbers(), "restored_from": self.restored_from.get(key)}
                 for key, w in self.windows.items()]
         return {"config": self.config.model_dump(), "keys": keys, "keys_dropped_episodes": self.dropped,
-                "restore": self.restore, **self.health()}
+                "restore": self.restore, "cascades": self.cascades.snapshot(), **self.health()}
 
 
 def _fmt(value: float | None) -> str:

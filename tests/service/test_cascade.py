@@ -13,9 +13,11 @@ import json
 import math
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import settings_from_dict
 from rlinf_client import RewardClient
@@ -24,6 +26,7 @@ from tests.fakes.episodes import episode_frames, npy_b64
 from tests.fakes.fake_vllm import FakeConfig, FakeVLLMThread
 from tests.fakes.proxy_server import ProxyServerThread
 from tests.helpers import HANG_S, wait_until
+from tests.service.test_dashboard import _used_by, cascade_series
 from vlm_protocol.wire import BUDGET_HEADER
 
 FRAMES = npy_b64(episode_frames(8, 64, 64))
@@ -212,3 +215,56 @@ def test_the_rlinf_client_scores_through_a_cascade_on_its_default_path(stack):
     assert answer["backend"] == "cheap_first" and stages[0]["backend"] == "p_done"
     assert stages[0]["score"] == pytest.approx(TASKS["task 0"][0], abs=1e-6)
     assert answer["frames"]["forwarded"] == answer["frames"]["count"] > 0  # the client's JPEGs, not re-encoded
+
+
+def test_the_monitor_keeps_each_cascades_escalation_and_audit_disagreement_rates(stack, tmp_path):
+    """Per (run, cascade, task): the share of episodes the cheap stage sent on, by why, and of the
+    audited ones, the share where the cheap stage lay across the threshold from the final stage; on
+    /quality and as gauges. Episodes without env_success count too (the rates need no truth)."""
+    went_on, audits, crossed = 0, 0, 0
+    for n, (task, (p, q)) in enumerate(TASKS.items()):
+        in_band = BAND[0] <= p <= BAND[1]
+        audited = not in_band and drawn("cheap_first", f"w-{task}") < AUDIT
+        went_on += in_band or audited
+        audits += audited
+        crossed += audited and (p >= THRESHOLD) != (q / 100 >= THRESHOLD)
+        metadata = {"episode_id": f"w-{task}", "run": "watch", "task_id": "t",
+                    **({"env_success": q >= 50} if n % 2 else {})}
+        assert stack.score(task, metadata=metadata).status_code == 200
+    assert audits and crossed, "the ids w-<task> audit some confident episodes, one of them wrong"
+    [entry] = [c for c in stack.http.get("/quality").json()["cascades"] if c["key"]["run"] == "watch"]
+    assert entry["key"] == {"run": "watch", "backend": "cheap_first", "task_id": "t"}
+    numbers = entry["stages"]["p_done"]
+    assert entry["episodes"] == numbers["episodes"] == len(TASKS) and "qwen" not in entry["stages"]
+    assert numbers["escalation_rate"] == pytest.approx(went_on / len(TASKS))
+    assert numbers["by_why"]["audit"] == audits and numbers["audits"] == audits
+    assert numbers["audit_disagreement_rate"] == pytest.approx(crossed / audits)
+    gauges = {(s.name, s.labels.get("stage")): s.value for family in text_string_to_metric_families(
+        stack.http.get("/metrics").text) for s in family.samples if s.labels.get("run") == "watch"}
+    assert gauges[("vlm_proxy_cascade_escalation_rate", "p_done")] == pytest.approx(went_on / len(TASKS))
+    assert gauges[("vlm_proxy_cascade_audit_disagreement_rate", "p_done")] == pytest.approx(crossed / audits)
+    assert gauges[("vlm_proxy_cascade_window_audits", "p_done")] == audits
+    # the report reads the same numbers from the audit lines' cascade fields
+    stack.proxy.flush_audit()
+    lines = [json.loads(text) for text in Path(stack.proxy.settings.proxy.audit_log).read_text().splitlines()]
+    log = tmp_path / "watch.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines if (r.get("metadata") or {}).get("run") == "watch"))
+    from reports.report import build_report
+
+    stages = build_report(log, out=tmp_path / "report")["logs"][0]["cascades"]["cheap_first"]["stages"]
+    assert stages["p_done"]["escalation_rate"] == pytest.approx(went_on / len(TASKS))
+    assert (stages["p_done"]["audits"], stages["p_done"]["audit_disagreements"]) == (audits, crossed)
+    assert stages["qwen"]["ran"] == went_on and stages["qwen"]["judged"] == 0
+    assert "Cascades" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_the_dashboards_cascade_panels_read_series_the_proxy_exports(stack):
+    for task in TASKS:
+        assert stack.score(task, metadata={"episode_id": f"w-{task}", "run": "panels", "env_success": True,
+                                           "task_id": "t"}).status_code == 200
+    exported = {s.name for family in text_string_to_metric_families(stack.http.get("/metrics").text)
+                for s in family.samples}
+    wanted = cascade_series(_used_by())
+    assert len(wanted) >= 4, wanted  # the rates, the audits behind them, the counter by why
+    assert {"vlm_proxy_cascade_escalation_rate", "vlm_proxy_cascade_audit_disagreement_rate"} <= set(wanted)
+    assert not set(wanted) - exported, sorted(set(wanted) - exported)
