@@ -12,18 +12,10 @@ from proxy.config.cascades import CascadeConfig, CascadeStage
 from proxy.config.endpoint_hosts import EndpointHost, check_endpoint_host
 from proxy.config.endpoint_urls import ENDPOINT_URL_PATTERN, endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig, ReplicaLaunch, connect_host, is_loopback
+from proxy.config.loading import load_settings, read_config, settings_from_dict
 from proxy.config.quality import PROBE_KINDS, ProbesConfig, QualityAlarmConfig, QualityConfig, QualityRestoreConfig
 from proxy.config.run_keys import RunKeyConfig, RunScope
-from proxy.config.settings import (
-    BackendConfig,
-    FramesConfig,
-    ProxySettings,
-    SamplingConfig,
-    Settings,
-    load_settings,
-    read_config,
-    settings_from_dict,
-)
+from proxy.config.settings import BackendConfig, FramesConfig, ProxySettings, SamplingConfig, Settings
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
 from proxy.errors import ConfigError
 
