@@ -28,9 +28,9 @@ from proxy.config.endpoint_urls import endpoint_url, split_credentials
 from proxy.config.launch import LaunchConfig
 from proxy.config.quality import QualityConfig
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
-from proxy.config.video_decoders import VideoDecodersConfig
 from proxy.config.strict import PositiveInt
 from proxy.config.strict import StrictModel as _Strict
+from proxy.config.video_decoders import VideoDecodersConfig
 from proxy.errors import ConfigError
 from vlm_protocol import strict_yaml
 from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
