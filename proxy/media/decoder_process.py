@@ -36,9 +36,10 @@ MIB = 2**20
 # Address space a job may use beyond its frames: FFmpeg's demuxer and index while it opens the file,
 # the JPEG encoder, the job's own Python objects. A 12000x12000 frame (216 MiB of YUV) does not fit.
 OPEN_BYTES = 128 * MIB
-# Test-only: a FIFO path. A decoder process whose environment names one, given a file whose name
-# starts with "crash", opens that FIFO after the file's first frame (it waits there for the test)
-# and then kills itself with SIGSEGV, as a decoder's memory bug would.
+# Test-only: a FIFO path. A decoder process whose environment names one kills itself with SIGSEGV
+# after the first frame of a file whose name starts with "segv", as a decoder's memory bug would;
+# with one whose name starts with "crash", it first reads that FIFO (it waits there until the test
+# has opened and closed its other end).
 CRASH_HOOK_ENV = "VLM_PROXY_TEST_DECODER_SIGSEGV_FIFO"
 # What FFmpeg and OpenCV say when an allocation fails (libavutil's ENOMEM text, its frame pools',
 # and OpenCV's OutOfMemoryError).
@@ -88,8 +89,9 @@ def _run(job: Job, videos: list[OpenedVideo], parts: dict[str, bytes], caps: Med
                                                 hard))
 
     budget = DecodeBudget(caps, memory_guard=limit_to)
-    if crash_fifo and any(video.name.startswith("crash") for video in videos):
-        budget.on_checkpoint = _crash_after_first_frame(crash_fifo)
+    if crash_fifo and any(video.name.startswith(("crash", "segv")) for video in videos):
+        wait = any(video.name.startswith("crash") for video in videos)
+        budget.on_checkpoint = _crash_after_first_frame(crash_fifo if wait else None)
     PARTS.set(parts)
     limit_to(0)
     try:
@@ -132,14 +134,17 @@ def _first_line_with(text: bytes, needles: tuple[bytes, ...]) -> str | None:
     return None
 
 
-def _crash_after_first_frame(fifo: str):
+def _crash_after_first_frame(fifo: str | None):
     calls = 0
 
     def maybe_crash() -> None:
         nonlocal calls
         calls += 1
-        if calls == 2:  # the first frame has been decoded: this is the middle of the decode
-            os.close(os.open(fifo, os.O_RDONLY))  # waits until the test opens the FIFO's other end
+        if calls == 3:  # the first frame has been decoded: this is the middle of the decode
+            if fifo is not None:  # waits until the test opens the FIFO's other end and closes it again
+                held = os.open(fifo, os.O_RDONLY)
+                os.read(held, 1)
+                os.close(held)
             os.kill(os.getpid(), signal.SIGSEGV)
 
     return maybe_crash
