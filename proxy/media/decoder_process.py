@@ -13,6 +13,8 @@ No core files: a crashing decoder would write hundreds of MB per crash.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import resource
 import signal
@@ -55,6 +57,7 @@ class WorkerLimits:
 def serve(conn: Connection, limits: WorkerLimits) -> None:
     """The process's main function: jobs until the pool closes its end of the pipe."""
     cv2.setNumThreads(1)  # the pool's processes are the parallelism
+    _keep_freed_heap()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the proxy, which stops this
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     log = os.memfd_create("ffmpeg-log")
@@ -148,6 +151,20 @@ def _crash_after_first_frame(fifo: str | None):
             os.kill(os.getpid(), signal.SIGSEGV)
 
     return maybe_crash
+
+
+def _keep_freed_heap() -> None:
+    """glibc's malloc in a young process hands freed frames back to the kernel and faults them in
+    again on the next decode: ~3 ms of a 13 ms episode here (docs/benchmarks.md §11). Keep up to 64 MiB
+    of freed heap, and serve allocations under 32 MiB from it; a decoded frame larger than that is
+    mapped on its own, so the address-space limit still meets every large one."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    libc = ctypes.CDLL(name)
+    if hasattr(libc, "mallopt"):  # glibc: M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3
+        libc.mallopt(-1, 64 * MIB)
+        libc.mallopt(-3, 32 * MIB)
 
 
 def _address_space() -> int:
