@@ -7,6 +7,7 @@
     │   ├── MediaForbidden        403  media_forbidden      (video_path outside allowed roots)
     │   ├── MediaDecodeError      422  media_decode_error   (corrupt video / image / npy)
     │   │   └── MediaFormatRefused 422 media_format_refused (not MP4/MOV, AVI, MKV/WebM, JPEG, PNG)
+    │   ├── MediaDecoderFailed    422  media_decoder_failed (the video's worker process: a signal, memory or time)
     │   ├── MediaBudgetExceeded   413  media_budget_exceeded (decoded MiB, video frames or seconds over a cap)
     │   ├── TemplateVariableError 422  template_variable
     │   └── TokenBudgetExceeded   422  token_budget
@@ -120,6 +121,12 @@ class MediaFormatRefused(MediaDecodeError):
     text...): never handed to a demuxer that might open another file. `detected` names what it is."""
 
     code = "media_format_refused"
+
+
+class MediaDecoderFailed(InvalidRequest):
+    """The worker decoding a video file died on it (a signal), hit its memory limit or its time limit."""
+
+    code = "media_decoder_failed"
 
 
 class MediaBudgetExceeded(InvalidRequest):

@@ -32,6 +32,9 @@ CODES: dict[str, ErrorCode] = {c.code: c for c in (
     ErrorCode("media_budget_exceeded", 413, False,
               "decoding the media would pass a per-request cap (proxy.max_decoded_mb, max_video_frames, "
               "max_video_seconds); `limit` names it"),
+    ErrorCode("media_decoder_failed", 422, False,
+              "the worker process decoding a video file was killed by a signal, ran out of its memory limit or "
+              "its time limit on that file (`cause`: signal, memory or timeout); not retried: the file did it"),
     ErrorCode("template_variable", 422, False, "a variable the prompt template needs is missing"),
     ErrorCode("token_budget", 422, False, "prompt + max_tokens would exceed the model's context"),
     ErrorCode("unauthorized", 401, False, "missing or wrong bearer token"),

@@ -32,6 +32,7 @@ from proxy.config.run_keys import RunKeyConfig
 from proxy.config.stores import AuditConfig, FrameStoreConfig, ReferenceStoreConfig
 from proxy.config.strict import PositiveInt
 from proxy.config.strict import StrictModel as _Strict
+from proxy.config.video_decoders import VideoDecodersConfig
 from vlm_protocol.frames import IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, VIDEO_TOTAL_PIXELS
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class ProxySettings(_Strict):
     max_video_frames: PositiveInt = 4096
     max_video_seconds: float = Field(600.0, gt=0)
     media_workers: PositiveInt | None = None  # media threads; None: the cores, at most 8
+    # Video files are decoded in supervised worker processes, one per media thread (proxy/media/decoder_pool.py).
+    video_decoders: VideoDecodersConfig = Field(default_factory=VideoDecodersConfig)
     prompts_dir: Path = Path("prompts")
     audit_log: Path | None = None
     audit: AuditConfig = Field(default_factory=AuditConfig)  # rotation and queue of audit_log

@@ -1,22 +1,15 @@
-"""What one request's media work may hold, and where that work runs.
+"""What one request's media work may hold, and on how many cores it runs.
 
 `DecodeBudget`: the decoded bytes a request holds at once — one source frame in flight plus every
 frame kept at the size it is sent — against `proxy.max_decoded_mb`; the video caps
-(`max_video_frames`, `max_video_seconds`); and the request's cancellation, checked between frames.
-`MediaExecutor`: the app's bounded pool of media threads (`proxy.media_workers`), OpenCV's own
-thread pool off in them. Threads, not processes: OpenCV releases the GIL in its decode, resize and
-encode calls, so an episode holds the GIL for under a sixth of its CPU and W threads scale ~W-fold,
-where a process would first have to copy the request's frames (docs/benchmarks.md §9). Decoded
-frames live only inside one of its calls (what leaves is JPEG bytes), so the proxy's decoded memory
-is at most media_workers x max_decoded_mb.
+(`max_video_frames`, `max_video_seconds`); the request's cancellation, checked between frames; and,
+in a decoder process, the memory the decode may take (`expect_memory`). `usable_cores`: the
+default count of media threads (proxy/media/executor.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
-import contextvars
 import dataclasses
 import math
 import os
@@ -24,20 +17,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-
-import cv2
 
 from proxy.errors import MediaBudgetExceeded
 
-__all__ = ["DecodeBudget", "DecodeCancelled", "MediaCaps", "MediaExecutor", "cgroup_cpu_quota",
+__all__ = ["DECODER_FRAMES", "DecodeBudget", "DecodeCancelled", "MediaCaps", "cgroup_cpu_quota",
            "default_media_workers", "usable_cores"]
 
-T = TypeVar("T")
 MIB = 2**20
 # Index samples an MP4/MOV may claim per allowed video frame (all its tracks: audio has more
 # samples per second than video; FFmpeg keeps ~40 bytes per sample while it opens the file).
 INDEX_SAMPLES_PER_FRAME = 16
+# Frames of its stated size a video decoder may hold at once (its reference and output frames, and
+# OpenCV's converted copy): what a decoder process may add for the frames, beside the kept ones.
+DECODER_FRAMES = 8
 
 
 class DecodeCancelled(Exception):
@@ -62,6 +54,12 @@ class DecodeBudget:
     kept_bytes: int = 0  # frames kept at a sent size
     peak_bytes: int = 0
     earlier_sources: int = 0  # bytes kept by the request's earlier source (proxy/media/views.py sets it)
+    # In a decoder process: told what this decode may need beyond what the process held when it began
+    # (proxy/media/decoder_process.py lowers its address-space limit to that). None on a media thread.
+    memory_guard: Callable[[int], None] | None = None
+    on_checkpoint: Callable[[], None] | None = None  # a test hook in a decoder process; None otherwise
+    _on_cancel: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    _cancel_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @classmethod
     def unbounded(cls) -> DecodeBudget:
@@ -89,8 +87,37 @@ class DecodeBudget:
         self.kept_bytes -= nbytes
 
     def checkpoint(self) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint()
         if self.cancelled.is_set():
             raise DecodeCancelled
+
+    def cancel(self) -> None:
+        """The caller is gone: the flag for a decode on this thread, the callbacks for one elsewhere."""
+        with self._cancel_lock:
+            self.cancelled.set()
+            callbacks, self._on_cancel = self._on_cancel, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when the request is cancelled (now, if it is already); returns its remover."""
+        with self._cancel_lock:
+            if not self.cancelled.is_set():
+                self._on_cancel.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._cancel_lock, contextlib.suppress(ValueError):
+            self._on_cancel.remove(callback)
+
+    def expect_memory(self, frame_pixels: int, planned_bytes: int = 0) -> None:
+        """A decode of frames of `frame_pixels` (the container's stated size) that keeps `planned_bytes`:
+        in a decoder process, that and the decoder's own frames are all it may allocate."""
+        if self.memory_guard is not None:
+            self.memory_guard(DECODER_FRAMES * 3 * frame_pixels + planned_bytes + self.earlier_sources)
 
     def check_frames(self, count: int, fps: float | None, *, found: bool) -> None:
         """A video of `count` frames (a container's claim, or `found` while decoding) within the caps."""
@@ -183,33 +210,3 @@ def _v2_quota(folder: Path) -> float | None:
 def _v1_quota(folder: Path) -> float | None:
     quota = int(folder.joinpath("cpu.cfs_quota_us").read_text())
     return None if quota < 0 else quota / int(folder.joinpath("cpu.cfs_period_us").read_text())
-
-
-def _one_opencv_thread() -> None:
-    cv2.setNumThreads(1)  # parallelism is the pool's: workers x OpenCV threads would oversubscribe
-
-
-class MediaExecutor:
-    """The app's media threads. `run(fn)` calls `fn(budget)` on one of them; when the awaiting task
-    is cancelled (caller gone, deadline) the budget's flag is set and the decode stops between frames."""
-
-    def __init__(self, workers: int, caps: MediaCaps) -> None:
-        self.caps = caps
-        self.workers = workers
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="media",
-                                                           initializer=_one_opencv_thread)
-
-    async def run(self, fn: Callable[[DecodeBudget], T]) -> T:
-        budget = DecodeBudget(self.caps)
-        # The caller's context goes along (as asyncio.to_thread does): a binary body's parts live in it.
-        context = contextvars.copy_context()
-        future = asyncio.get_running_loop().run_in_executor(self._pool, context.run, fn, budget)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            budget.cancelled.set()
-            raise
-
-    def close(self) -> None:
-        """Waits for running decodes (each stops at its next frame once cancelled)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -22,7 +22,7 @@ import pybase64  # SIMD base64, the decoder vLLM uses: 3.2 MB in 0.14 ms vs 6.5 
 from proxy.errors import InvalidRequest, MediaDecodeError, MediaFormatRefused
 from proxy.media.budget import DecodeBudget
 from proxy.media.decoded import DecodedSource, decode_rgb
-from proxy.media.file import describe_bytes, open_video, sniff_image
+from proxy.media.file import OpenedVideo, describe_bytes, open_video, sniff_image
 from proxy.media.frame_plan import Episodes, Size, resize_frame, target_sizes
 from proxy.media.jpeg_header import plain_jpeg_size
 from proxy.media.npy import NpyError, read_uint8
@@ -64,22 +64,26 @@ def prefix_count(count: int, prefix_end: int | None) -> int:
 
 
 def decode_source(limits: FrameLimits, episodes_for: Callable[[int], Episodes], budget: DecodeBudget, *,
-                  video_path: str | Path | None = None, media_roots: Sequence[Path] = (),
+                  video_path: str | Path | OpenedVideo | None = None, media_roots: Sequence[Path] = (),
                   frames: list[str] | None = None, frames_npy: str | None = None,
                   fps: float | None = None, stills: list[str] | None = None, field_prefix: str = "") -> DecodedSource:
     """Decode the frames `episodes_for(count)` names, from the one source given (a video_path is
     opened and checked here: proxy/media/file.py). `stills`: the caller's own first and last still
     images (with `frames`), instead of stills made from the first and last frame. `field_prefix`
     names the request object the source is in (`extra_view.`) in the budget's and the source's
-    errors, raised during this call or later (frame_at)."""
+    errors, raised during this call or later (frame_at). A `video_path` already opened
+    (proxy/media/decode_jobs.py: opened_videos) is read as it is and left open."""
     started = time.perf_counter()
     source_fps = fps or limits.default_source_fps
     if stills is not None:
         limits = replace(limits, stills=False)  # the frames are planned at the video size only
     if video_path is not None:
         budget.field = f"{field_prefix}video_path"
-        with open_video(str(video_path), list(media_roots)) as video:
-            source = read_video(video, limits, episodes_for, budget)
+        if isinstance(video_path, OpenedVideo):
+            source = read_video(video_path, limits, episodes_for, budget)
+        else:
+            with open_video(str(video_path), list(media_roots)) as video:
+                source = read_video(video, limits, episodes_for, budget)
     elif frames is not None:
         _check_inline_count(len(frames), "frames", limits)
         budget.field = f"{field_prefix}frames"

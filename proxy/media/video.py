@@ -66,6 +66,7 @@ def read_video(video: OpenedVideo, limits, episodes_for: Callable[[int], Episode
         if width * height > limits.max_source_pixels:
             raise MediaDecodeError(f"video frames are {width}x{height}, over the "
                                    f"{limits.max_source_pixels}-pixel cap", field="video_path")
+        budget.expect_memory(width * height)
         fps = capture.get(cv2.CAP_PROP_FPS)
         fps = fps if fps and math.isfinite(fps) and fps > 0 else None
         reported = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
@@ -75,7 +76,9 @@ def read_video(video: OpenedVideo, limits, episodes_for: Callable[[int], Episode
             episodes = _episodes_if_valid(episodes_for, reported)
             if episodes is not None:
                 targets = _Targets(limits, episodes)
-                budget.check_plan(planned_bytes(targets.of(height, width), height, width))  # before any decode
+                planned = planned_bytes(targets.of(height, width), height, width)
+                budget.check_plan(planned)  # before any decode
+                budget.expect_memory(width * height, planned)
         source = DecodedSource(count=0, fps=fps or limits.default_source_fps, field="video_path")
         decoded = _decode(capture, source, targets, budget, fps, (height, width))
     finally:
@@ -90,7 +93,9 @@ def read_video(video: OpenedVideo, limits, episodes_for: Callable[[int], Episode
         again = _Targets(limits, episodes_for(decoded))
         shape = next(iter(source.sizes.values()), (height, width))
         needed = again.of(*shape)
-        budget.check_plan(planned_bytes(needed, *shape))
+        planned = planned_bytes(needed, *shape)
+        budget.check_plan(planned)
+        budget.expect_memory(width * height, planned)
         if not source.drop_except(needed, budget):
             source.clear(budget)
             capture = _open(video)

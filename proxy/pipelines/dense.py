@@ -21,9 +21,8 @@ import uuid
 
 from proxy.config import BackendConfig
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.media.budget import DecodeBudget
-from proxy.media.decode import FrameLimits, decode_source
-from proxy.media.encode import encode_prefix, prefix_indices
+from proxy.media.decode import FrameLimits
+from proxy.media.decode_jobs import DEFAULT_POINTS, Curve, CurveJob
 from proxy.pipelines.envelope import DENSE_CURVE, DENSE_POINT, Envelope
 from proxy.pipelines.episode_frames import LoadedEpisode, describe_frames, source_of, store_frames
 from proxy.pipelines.frames_scoring import Prepared
@@ -32,11 +31,9 @@ from proxy.pipelines.services import Services
 from proxy.prompting.request import resolve_request
 from proxy.protocol.dense import CurvePoint, DenseRequest, DenseResponse
 from proxy.protocol.score import ScoreRequest, ScoreResponse
-from vlm_protocol.frames import sample_indices
 
 __all__ = ["DEFAULT_POINTS", "score_dense"]
 
-DEFAULT_POINTS = 8
 
 
 async def score_dense(services: Services, request: DenseRequest, *, budget_s: float | None) -> DenseResponse:
@@ -61,19 +58,12 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
                           budget_s: float | None, started: float) -> DenseResponse:
     """Every prefix from one decode, each point scored as its own /score inside its own envelope."""
     backend = envelope.backend
-    ends: list[int] = []
-
-    def episodes_for(count: int) -> list[list[int]]:
-        ends[:] = _prefix_ends(request, count)
-        return [prefix_indices(count, limits.nframes, end) for end in ends]
-
-    def decode_and_encode(budget: DecodeBudget):
-        """One decode for every prefix, each frame kept only at the sizes its prefixes send (within one
-        request budget), then every prefix's JPEGs: the decoded frames never leave the media thread."""
-        decoded = decode_source(limits, episodes_for, budget, **source_of(request, services))
-        return decoded.count, decoded.load_ms, [encode_prefix(limits, decoded, end) for end in ends]
-
-    count, load_ms, encoded = await services.media.run(decode_and_encode)
+    # One decode for every prefix, each frame kept only at the sizes its prefixes send (within one
+    # request budget), then every prefix's JPEGs: the plan goes as data, the decoded frames stay where
+    # they were decoded.
+    decoded: Curve = await services.media.run_job(CurveJob(limits, source_of(request, services), request.prefix_ends,
+                                                           request.points or DEFAULT_POINTS))
+    count, load_ms, ends, encoded = decoded.count, decoded.load_ms, decoded.ends, decoded.frames
     base = request.model_dump(exclude={"points", "prefix_ends"})
     curve = uuid.uuid4().hex[:16]  # names the curve in its points' audit lines (report: VOC per curve)
 
@@ -118,24 +108,6 @@ async def _score_prefixes(services: Services, request: DenseRequest, envelope: E
         points=done, backend=backend.name, model=done[-1].model, source_count=count,
         attempts=sum(r.attempts for r in done), usage=usage,
         timings_ms={"load": round(load_ms, 3), "total": round((time.perf_counter() - started) * 1e3, 3)})
-
-
-def _prefix_ends(request: DenseRequest, count: int) -> list[int]:
-    """The prefixes' last frames: `prefix_ends` as given (each within the episode), or `points`
-    spread as frames are sampled (first frame's prefix excluded: it holds one frame, no progress)."""
-    if request.prefix_ends is not None:
-        if request.prefix_ends[-1] >= count:
-            raise InvalidRequest(f"prefix_ends[-1] {request.prefix_ends[-1]} is past the episode's last frame "
-                                 f"({count - 1})", field="prefix_ends")
-        return list(request.prefix_ends)
-    points = request.points or DEFAULT_POINTS
-    if count < 2:
-        raise InvalidRequest(f"a dense curve needs at least 2 frames, the episode has {count}", field="points")
-    ends = sample_indices(count, points + 1)[1:]  # the first end would be frame 0 alone
-    if len(ends) < points:
-        raise InvalidRequest(f"points {points} is more than the episode's {count - 1} prefixes after its first frame",
-                             field="points")
-    return ends
 
 
 async def _score_shuffled(services: Services, request: DenseRequest, points: int, backend: str,

@@ -11,8 +11,9 @@ from typing import Any
 from proxy.config import BackendConfig
 from proxy.errors import InvalidRequest
 from proxy.media.decode import FrameLimits
-from proxy.media.encode import EncodedFrames, prepare_frames
-from proxy.media.views import check_views, extra_view_info, prepare_views
+from proxy.media.decode_jobs import EpisodeJob
+from proxy.media.encode import EncodedFrames
+from proxy.media.views import check_views, extra_view_info
 from proxy.pipelines.services import Services
 from proxy.prompting.layouts import vision_token_count
 from proxy.prompting.request import presentation_fps
@@ -40,18 +41,13 @@ def source_of(request: ScoreRequest | ViewSource, services: Services) -> dict[st
 
 async def decode_episode(services: Services, request: ScoreRequest, cfg: BackendConfig,
                          limits: FrameLimits) -> EncodedFrames:
-    """The request's frames sampled, sized and encoded on a media thread (both cameras, when the
-    backend places a second one, at the same indices within one budget)."""
+    """The request's frames sampled, sized and encoded on a media thread, a video file's in a decoder
+    process (both cameras, when the backend places a second one, at the same indices within one budget)."""
     placement = check_views(cfg.frames.extra_view, given=request.extra_view is not None,
                             frame_rules=request.frame_rules is not None)
-    main = source_of(request, services)
-    if placement is not None:
-        extra = {**source_of(request.extra_view, services), "fps": request.fps}
-        frames = await services.media.run(lambda budget: prepare_views(
-            limits, budget, placement, prefix_end=request.prefix_end, main=main, extra=extra))
-    else:
-        frames = await services.media.run(lambda budget: prepare_frames(
-            limits, budget, prefix_end=request.prefix_end, **main))
+    extra = {**source_of(request.extra_view, services), "fps": request.fps} if placement is not None else None
+    frames = await services.media.run_job(EpisodeJob(limits, source_of(request, services), request.prefix_end,
+                                                     placement, extra))
     made = len(frames.jpegs) + len(frames.stills)  # the main view's (a second camera's go raw)
     if request.frame_rules is not None and frames.forwarded != made:
         # The caller said it encoded for these rules: a frame the proxy had to redo is its bug, never

@@ -2,7 +2,7 @@
 
 Every pipeline takes a `Services` and uses only what it needs; nothing reaches through another
 pipeline to find a collaborator. `open_services` opens what needs the event loop (the aiohttp
-session, the frame store, the audit log's writer thread, the media threads) on an exit stack, so
+session, the frame store, the audit log's writer thread, the media threads and decoder processes) on an exit stack, so
 they close in reverse order when the app stops: the monitor's last lines before the audit log.
 With an audit log, the monitor's windows are rebuilt from its tail before the app serves
 (proxy/quality/restore.py, on a worker thread, bounded by quality.restore).
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from proxy.audit import AuditLog
 from proxy.config import Settings
-from proxy.media.budget import MediaCaps, MediaExecutor, default_media_workers
+from proxy.media.budget import MediaCaps, default_media_workers
+from proxy.media.executor import MediaExecutor
 from proxy.media.frame_store import FrameStore
 from proxy.metrics import Metrics
 from proxy.pipelines.cascade_state import CascadeState
@@ -42,7 +43,7 @@ class Services:
     upstream: UpstreamClient
     metrics: Metrics
     audit: AuditLog
-    media: MediaExecutor  # the bounded media threads: every decode and encode runs there
+    media: MediaExecutor  # the bounded media threads (and video decoder processes): every decode and encode
     quality: QualityMonitor  # agreement with env_success per (run, backend, task), and the alarm
     answer_tokens: AnswerTokenIds  # a probability answer's two words as token ids, per endpoint
     frame_store: FrameStore | None = None
@@ -62,7 +63,8 @@ async def open_services(settings: Settings, prompts: PromptStore, metrics: Metri
                      queue_lines=proxy.audit.queue_lines, metrics=metrics)
     stack.push_async_callback(asyncio.to_thread, audit.close)  # a clean stop writes every queued line
     media = MediaExecutor(proxy.media_workers or default_media_workers(), MediaCaps(
-        int(proxy.max_decoded_mb * 2**20), proxy.max_video_frames, proxy.max_video_seconds))
+        int(proxy.max_decoded_mb * 2**20), proxy.max_video_frames, proxy.max_video_seconds),
+        proxy.video_decoders if proxy.video_decoders.isolated else None)
     stack.push_async_callback(asyncio.to_thread, media.close)  # waits for its threads: off the loop
     quality = QualityMonitor(settings.quality, metrics, audit)
     if proxy.audit_log is not None and settings.quality.enabled and settings.quality.restore.enabled:

@@ -52,8 +52,10 @@ def _wait_http(url: str, proc: subprocess.Popen | None, log: Path, timeout_s: fl
 class _Process:
     """A subprocess with its output in a log file; start/kill/restart keep the same port."""
 
-    def __init__(self, argv: list[str], log: Path, port: int, ready_path: str) -> None:
+    def __init__(self, argv: list[str], log: Path, port: int, ready_path: str,
+                 env: dict[str, str] | None = None) -> None:
         self.argv, self.log, self.port, self.ready_path = argv, log, port, ready_path
+        self.extra_env = env or {}  # test-only switches for this process alone
         self.proc: subprocess.Popen | None = None
         self._log_file = None
         self.starts = 0
@@ -64,7 +66,7 @@ class _Process:
     def start(self):
         if self._log_file is None:
             self._log_file = self.log.open("ab")
-        env = {k: v for k, v in os.environ.items() if k.upper() not in _ENV_TO_DROP}
+        env = {k: v for k, v in os.environ.items() if k.upper() not in _ENV_TO_DROP} | self.extra_env
         self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env)
         self.starts += 1
@@ -142,13 +144,13 @@ class FakeProcess(_Process):
 class ProxyProcess(_Process):
     """`python -m vlm_reward_cli serve --config FILE` on a free port."""
 
-    def __init__(self, settings: dict, workdir: Path) -> None:
+    def __init__(self, settings: dict, workdir: Path, env: dict[str, str] | None = None) -> None:
         port = free_port()
         config = workdir / "proxy.yaml"
         config.write_text(yaml.safe_dump(settings, sort_keys=False))  # the first backend is the default
         argv = [sys.executable, "-m", "vlm_reward_cli", "serve", "--config", str(config), "--port", str(port),
                 "--log-level", "info"]
-        super().__init__(argv, workdir / "proxy.log", port, "/health")
+        super().__init__(argv, workdir / "proxy.log", port, "/health", env)
 
     def _ready(self, response: httpx.Response) -> bool:
         return response.status_code in (200, 503)  # up; backends may be down on purpose

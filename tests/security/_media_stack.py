@@ -23,6 +23,7 @@ class MediaStack:
     primo: FakeVLLMThread
     media: Path
     outside: Path
+    proxy: ProxyProcess
 
     def chat_count(self) -> int:
         return len(self.qwen.chat_requests) + len(self.primo.chat_requests)
@@ -32,7 +33,7 @@ class MediaStack:
 
 
 @contextmanager
-def media_stack(base: Path, **proxy_overrides) -> Iterator[MediaStack]:
+def media_stack(base: Path, env: dict[str, str] | None = None, **proxy_overrides) -> Iterator[MediaStack]:
     media, outside = base / "media", base / "outside"
     media.mkdir()
     outside.mkdir()
@@ -40,11 +41,11 @@ def media_stack(base: Path, **proxy_overrides) -> Iterator[MediaStack]:
     primo = FakeVLLMThread(FakeConfig(served_model_name=PRIMO_MODEL,
                                       default_text="<think>t</think><answer>60</answer>")).start()
     proxy = ProxyProcess(libero_settings_dict([qwen.base_url], [primo.base_url], media, health_interval_s=30,
-                                              **proxy_overrides), base)
+                                              **proxy_overrides), base, env)
     try:
         proxy.start()
         with httpx.Client(base_url=proxy.url, timeout=30, trust_env=False) as client:
-            yield MediaStack(client, qwen, primo, media, outside)
+            yield MediaStack(client, qwen, primo, media, outside, proxy)
     finally:
         proxy.close()
         qwen.stop()

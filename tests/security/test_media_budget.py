@@ -17,9 +17,10 @@ import cv2
 import pytest
 
 from proxy.errors import MediaBudgetExceeded
-from proxy.media.budget import DecodeBudget, DecodeCancelled, MediaCaps, MediaExecutor
+from proxy.media.budget import DecodeBudget, DecodeCancelled, MediaCaps
 from proxy.media.decode import FrameLimits
 from proxy.media.encode import prefix_indices, prepare_frames
+from proxy.media.executor import MediaExecutor
 from proxy.media.file import open_video
 from proxy.media.frame_plan import planned_bytes, target_sizes
 from proxy.media.mp4_index import IndexTooLarge, claimed_samples
