@@ -92,7 +92,7 @@ async def restore_monitor(quality: QualityMonitor, settings: Settings) -> None:
                     path, err)
         quality.restore = {"restored": False, "reason": f"reading {path} failed: {type(err).__name__}: {err}"}
         return
-    quality.adopt(restored.windows, restored.sources, restored.describe())
+    quality.adopt(restored.windows, restored.sources, restored.describe(), restored.cascades)
     described = restored.describe()
     log.info("reward quality: %d window(s) (%d in alarm) restored from %d line(s) of %s in %.2f s (stopped by %s)",
              described["keys"], described["alarms"], restored.lines, path, restored.seconds, restored.stopped_by)

@@ -71,12 +71,14 @@ class QualityMonitor:
         self.restored_from: dict[Key, dict[str, Any]] = {}  # per key restored: episodes and time span read
 
     def adopt(self, windows: dict[Key, KeyWindow], sources: dict[Key, dict[str, Any]],
-              described: dict[str, Any]) -> None:
+              described: dict[str, Any], cascades: list[tuple[Key, list[Any]]] = ()) -> None:
         """Before the first request: the windows rebuilt from the audit log become the live ones,
         their gauges set; an open alarm gets one line saying it was restored (no transition counted)."""
         self.windows = dict(windows)
         self.restored_from = dict(sources)
         self.restore = {"restored": True, **described}
+        for key, outcomes in cascades:  # oldest first, as they were seen
+            self.cascades.observe(key, outcomes)
         for key, window in self.windows.items():
             self._export(key, window, window.numbers)
             for kind, numbers in window.probe_numbers().items():

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config import QualityConfig
+from proxy.quality.cascade_window import StageOutcome, stage_outcomes
 from proxy.quality.monitor import Key, quality_key, stage_label, threshold_of
 from proxy.quality.window import KeyWindow
 from vlm_protocol.agreement import ALARM, OK, RESET, UNKNOWN
@@ -39,7 +40,7 @@ __all__ = ["Restored", "log_files", "rebuild"]
 BLOCK = 1 << 20  # bytes read at a time from a file's end
 PARSE_ERROR = "unparseable_score"  # proxy.errors.ScoreParseError.code: a reply, but no score
 # Lines that can matter, found before a line is parsed (most lines of a busy log are not).
-WANTED = (b'"env_success"', b'"quality_alarm"', b'"quality_window"', b'"probe"')
+WANTED = (b'"env_success"', b'"quality_alarm"', b'"quality_window"', b'"probe"', b'"cascade"')
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Restored:
     seconds: float = 0.0
     oldest_ts: float | None = None
     newest_ts: float | None = None
+    # each cascade episode's stage outcomes, oldest first (its escalation and audit rates)
+    cascades: list[tuple[Key, list[StageOutcome]]] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {"files": self.files, "lines_read": self.lines, "stopped_by": self.stopped_by,
@@ -106,8 +109,28 @@ def _event(record: dict[str, Any]) -> tuple | list[tuple] | None:
         return ("probe", (record.get("run"), record["backend"], str(record.get("task_id"))), record.get("probe"),
                 float(original), float(probe))
     metadata = record.get("metadata")
+    watched = _cascade_event(record, metadata)  # a cascade's rates need no ground truth
     if not isinstance(metadata, dict) or not isinstance(metadata.get("env_success"), bool):
+        return watched
+    events = [*(_episode_events(record, metadata) or []), *([watched] if watched is not None else [])]
+    return events or None
+
+
+def _cascade_event(record: dict[str, Any], metadata: Any) -> tuple | None:
+    cascade = record.get("cascade")
+    if (record.get("kind", "score") != "score" or not isinstance(cascade, dict) or "error" in record
+            or not isinstance(record.get("backend"), str) or (metadata or {}).get("replay_of_line") is not None):
         return None
+    stages = [s for s in cascade.get("stages") or [] if isinstance(s, dict) and _number(s.get("score"))]
+    if not stages or not _number(cascade.get("threshold")):
+        return None
+    key = quality_key(record["backend"], str(record.get("task_text") or ""), metadata if isinstance(metadata, dict)
+                      else None)
+    return ("cascade", key, stage_outcomes(stages, float(cascade["threshold"]), record.get("stopped")))
+
+
+def _episode_events(record: dict[str, Any], metadata: dict[str, Any]) -> list[tuple] | None:
+    kind = record.get("kind", "score")
     if metadata.get("replay_of_line") is not None or not isinstance(record.get("backend"), str):
         return None
     if kind == "dense_point" and not (record.get("dense") or {}).get("episode"):
@@ -176,6 +199,9 @@ def _replay(events: Iterator[tuple], config: QualityConfig, restored: Restored) 
         if _number(ts):
             restored.oldest_ts = ts if restored.oldest_ts is None else restored.oldest_ts
             restored.newest_ts = ts
+        if what == "cascade":
+            restored.cascades.append((key, rest[0]))
+            continue
         window = windows.get(key)
         if what == "probe":
             kind, original, probe = rest

@@ -293,6 +293,14 @@ def tier(tmp_path_factory) -> Tier:
                                            {"model": model, "messages": text_only})
                 texts[_env_of(body)] = answer.get("count") if status == 200 else f"HTTP {status}: {answer}"
             real_vllm["text_tokens"] = texts
+            proxy.flush_audit()
+            written = {}
+            for line in _audit_lines(audit):
+                written.setdefault(line["backend"], []).append(line)
+            episodes_dir = work / "env-episodes"
+            _write_env_episodes({ep["name"]: ep for ep in result["scenarios"]}, result["_frames"], written,
+                                episodes_dir)
+            real_vllm["cascade_eval"] = _eval_cascade_on(tiny, model, episodes_dir, work)
     finally:
         for server in proxies:
             server.stop()
@@ -786,6 +794,44 @@ def test_reward_table(tier):
     assert rows
 
 
+def _write_env_episodes(episodes: dict[str, dict[str, Any]], frames: dict[str, np.ndarray],
+                        audit: dict[str, list[dict]], directory: Path) -> list[dict]:
+    """Each env's main images of two scenarios up to its end step, its own success flag and task
+    text, written as `eval` reads them (episodes.jsonl and one .npy each)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    listing = []
+    for name in ("binary_rel_inline", "continuous_nonrel_path"):
+        ep = _ok(episodes[name])
+        tasks = {line["metadata"]["env"]: line["task_text"] for line in audit[name]}
+        for env in (0, 1):
+            end = _end_step(ep, env)
+            np.save(directory / f"{name}-{env}.npy", np.ascontiguousarray(frames[name][: end + 1, env]))
+            listing.append({"file": f"{name}-{env}.npy", "task_text": tasks[env], "task_id": TASK_IDS[env],
+                            "success": bool(ep["terminations"][end - 1][env])})
+    (directory / "episodes.jsonl").write_text("".join(json.dumps(item) + "\n" for item in listing))
+    return listing
+
+
+def _eval_cascade_on(tiny: TinyVLLM, model: str, episodes_dir: Path, work: Path) -> dict[str, Any]:
+    """`eval` of a cascade on the real tiny `vllm serve`: P(done) then the shipped Qwen template, both
+    on the one server (one pool), every stage on every episode the env wrote; the frontier replayed."""
+    from vlm_reward_cli import main
+
+    qwen = {k: v for k, v in _yaml(SHIPPED_PROXY)["backends"][QWEN].items() if k != "launch"}
+    stage = {**qwen, "model": model, "endpoints": [tiny.base_url], "max_model_len": 8192,
+             "frames": {"nframes": 8, "max_pixels": 200704}}
+    config = work / "cascade-eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "proxy": {"prompts_dir": str(REPO / "prompts")},
+        "backends": {"p_done": {**stage, "prompt": "topreward", "score_mode": "auto"}, "qwen": stage},
+        "cascades": {"p_done_then_qwen": {"stages": [{"backend": "p_done", "band": [0.2, 0.8]},
+                                                     {"backend": "qwen"}]}}}))
+    out = work / "cascade-eval"
+    code = main(["eval", str(episodes_dir), "--config", str(config), "--backend", "p_done_then_qwen",
+                 "--out", str(out), "--random-draws", "20"])
+    return {"code": code, "out": out}
+
+
 def test_eval_runs_on_episodes_the_real_env_wrote_and_its_page_opens(tier, tmp_path):
     """`vlm-reward-proxy eval` on the real LIBERO env's episodes: each env's main images up to its end
     step, its own success flag and task text, written as the eval reads them. Scored with TOPReward's
@@ -797,17 +843,7 @@ def test_eval_runs_on_episodes_the_real_env_wrote_and_its_page_opens(tier, tmp_p
 
     chromium()  # skips (or fails under VLM_REQUIRE_BROWSER=1) before anything is built
     episodes_dir = tmp_path / "episodes"
-    episodes_dir.mkdir()
-    listing = []
-    for name in ("binary_rel_inline", "continuous_nonrel_path"):
-        ep = _ok(tier.episodes[name])
-        tasks = {line["metadata"]["env"]: line["task_text"] for line in tier.audit[name]}
-        for env in (0, 1):
-            end = _end_step(ep, env)
-            np.save(episodes_dir / f"{name}-{env}.npy", np.ascontiguousarray(tier.frames[name][: end + 1, env]))
-            listing.append({"file": f"{name}-{env}.npy", "task_text": tasks[env], "task_id": TASK_IDS[env],
-                            "success": bool(ep["terminations"][end - 1][env])})
-    (episodes_dir / "episodes.jsonl").write_text("".join(json.dumps(item) + "\n" for item in listing))
+    listing = _write_env_episodes(tier.episodes, tier.frames, tier.audit, episodes_dir)
     assert {item["success"] for item in listing} == {True, False}  # env 1's injected success, and failures
 
     model = _yaml(SHIPPED_PROXY)["backends"][QWEN]["model"]
@@ -831,3 +867,26 @@ def test_eval_runs_on_episodes_the_real_env_wrote_and_its_page_opens(tier, tmp_p
     assert result["methods"]["p_done"]["all tasks"]["successes"] == sum(item["success"] for item in listing)
     assert_not_blank(screenshot(out / "eval.html", tmp_path / "eval.png"), min_colours=2, min_stddev=1.0)
     assert "Which method ranks first" in dom_text(out / "eval.html")
+
+
+def test_a_cascade_eval_on_the_real_tiny_vllm_draws_its_frontier_and_the_page_opens(tier, tmp_path):
+    """Issue 38: the cascade's stages scored by the real server on the episodes the real env wrote,
+    the frontier replayed offline (each stage alone, bands, random escalation at the same rate)."""
+    from tests.reports.browser import assert_not_blank, chromium, dom_text, screenshot
+
+    chromium()
+    if "cascade_eval" not in tier.real_vllm:
+        pytest.skip("VLM_REFERENCE_VLLM is not set: no real `vllm serve` (make test-real-rlinf sets it)")
+    run = tier.real_vllm["cascade_eval"]
+    assert run["code"] == 0
+    result = json.loads((run["out"] / "eval.json").read_text())
+    frontier = result["cascades"]["p_done_then_qwen"]
+    stage_records = [r for r in result["cascade_records"] if r.get("stage") == "p_done"]
+    assert len(stage_records) == 4  # the four env episodes, each scored by the real server
+    policies = {p["policy"] for p in frontier["policies"]}
+    assert {"p_done alone", "qwen alone"} <= policies and any(p.startswith("random at") for p in policies), policies
+    for policy in frontier["policies"]:
+        assert policy["gpu_seconds_per_episode"] > 0 and 0 <= policy["escalated_fraction"] <= 1
+    page = run["out"] / "eval.html"
+    assert_not_blank(screenshot(page, tmp_path / "eval.png"), min_colours=4, min_stddev=1.0)
+    assert "Cascade p_done_then_qwen: cost against quality" in dom_text(page)

@@ -98,16 +98,20 @@ def test_an_alarm_reset_at_a_stop_is_open_again_and_says_it_was_restored(proxy_f
 
 def test_a_cascades_stages_are_restored_under_their_own_keys(proxy_factory, fake_qwen, fake_primo, media_root,
                                                              tmp_path):
-    """A cascade's line carries each stage that ran: the stage keys come back beside the cascade's."""
+    """A cascade's line carries each stage that ran: the stage keys come back beside the cascade's,
+    and so do its escalation numbers."""
     audit = tmp_path / "audit.jsonl"
     lines = []
     for i in range(6):
         cheap, final = (0.9, 0.8) if i % 2 == 0 else (0.7, 0.2)  # the cheap stage is wrong on failures
         stages = [{"backend": "p_done", "score": cheap, "went_on": "band"}, {"backend": "PRIMO-R1", "score": final}]
-        lines.append(score_line(4, i, final, backend="p_done_then_primo", cascade={"stages": stages}))
+        lines.append(score_line(4, i, final, backend="p_done_then_primo", stopped=None,
+                                cascade={"stages": stages, "threshold": 0.5}))
     write_log(audit, lines)
     body = quality_of(proxy_factory, fake_qwen, fake_primo, media_root, audit)
     keys = {entry["key"]["backend"]: entry["window"] for entry in body["keys"]}
     assert keys["p_done_then_primo"]["n"] == 6 and keys["p_done_then_primo"]["mean_score_success"] == pytest.approx(0.8)
     assert keys["p_done_then_primo/p_done"]["n"] == 6 and keys["p_done_then_primo/p_done"]["false_success_rate"] == 1.0
     assert keys["p_done_then_primo/PRIMO-R1"]["mean_score_failure"] == pytest.approx(0.2)
+    [watched] = body["cascades"]  # the escalation rate over the restored window: every episode went on
+    assert watched["key"]["backend"] == "p_done_then_primo" and watched["stages"]["p_done"]["escalation_rate"] == 1.0
