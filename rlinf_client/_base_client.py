@@ -57,7 +57,7 @@ class ScoreRequestBody:
     frame_rules: str | None = None  # the proxy's rules id its frames were encoded for (None: raw frames)
     # Fewer frames picked than nframes and the episode allow, because the buffer kept only every
     # k-th step (frame_stride, widened by buffer_frames): {wanted, sent, source_count, stride}.
-    frames_short: dict[str, int] | None = None
+    frames_short: dict[str, Any] | None = None
 
     @property
     def size(self) -> int:
@@ -145,6 +145,11 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
     prepared = prepare_frames(episode.frames, nframes, client_sampling)
     sent = prepared.count
     short = frames_short(episode.frames, nframes, sent, prepared.source_count) if client_sampling else None
+    if short is None and ready and nframes < cfg.nframes and sent < min(cfg.nframes, prepared.source_count):
+        # The backend's clamp, applied here because the client picks the frames: the proxy's answer
+        # then sees only the lowered count asked, so the result says what was asked.
+        short = {"wanted": min(cfg.nframes, prepared.source_count), "sent": sent,
+                 "source_count": prepared.source_count, "why": "clamp"}
     used = sent if client_sampling else min(cfg.nframes, sent)
     real_fps = cfg.episode_fps * sent / max(prepared.source_count, 1)
     payload: dict[str, Any] = {"task_text": episode.task_text, "nframes": used,
@@ -190,8 +195,10 @@ def build_request_body(episode: Episode, cfg: RewardModelConfig, rules: FrameRul
         payload["metadata"] = dict(episode.metadata)
     frame_rules = rules.rules_id if encoded is not None else None  # type: ignore[union-attr]
     if cfg.dense_points:
-        payload["points"] = max(2, min(cfg.dense_points, sent - 1))  # a short episode: fewer, or a clear 422
-        return ScoreRequestBody(payload, temp_video, parts, steps=list(prepared.source_indices))
+        payload["points"] = points = max(2, min(cfg.dense_points, sent - 1))  # a short episode: fewer, or a 422
+        fewer = ({"wanted": cfg.dense_points, "sent": points, "source_count": prepared.source_count, "why": "points"}
+                 if points < cfg.dense_points else None)
+        return ScoreRequestBody(payload, temp_video, parts, steps=list(prepared.source_indices), frames_short=fewer)
     return ScoreRequestBody(payload, temp_video, parts, frame_rules=frame_rules, frames_short=short)
 
 
@@ -201,7 +208,7 @@ def frames_short(source: object, nframes: int, sent: int, source_count: int) -> 
     wanted = min(nframes, source_count)
     if sent >= wanted or not isinstance(source, EpisodeFrameBuffer):
         return None
-    return {"wanted": wanted, "sent": sent, "source_count": source_count, "stride": source.stride}
+    return {"wanted": wanted, "sent": sent, "source_count": source_count, "stride": source.stride, "why": "stride"}
 
 
 async def build_request_body_async(episode: Episode, cfg: RewardModelConfig, rules: FrameRules | None = None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from rlinf_client import _constants as C
 from rlinf_client._base_client import (
@@ -45,6 +46,14 @@ from rlinf_client._frame_rules import FrameRulesCache
 from rlinf_client._ready import PendingEpisode, ReadyBodies
 from rlinf_client._tasks import TaskSet
 from rlinf_client._types import ClientStats, Episode, EpisodeScore
+
+# Why an episode went with fewer frames (or curve points) than asked, in the warning's words.
+_WHY_SHORT = {
+    "stride": "the frame buffer kept every {stride}-th of its {source_count} steps (frame_stride, widened by "
+              "buffer_frames)",
+    "clamp": "the backend's frames.clamp_nframes_to lowered nframes (the client picks the frames itself)",
+    "points": "its {source_count} frames allow at most {sent} points after the first frame (dense_points)",
+}
 
 log = logging.getLogger("rlinf_client")
 
@@ -266,7 +275,7 @@ class Scheduler:
                      frames_short=pending.body.frames_short)
 
     def _settle(self, episodes: list[Episode], results: list, index: int, outcome: Outcome, started: float, *,
-                attempts: int = 0, raise_policy: bool = True, frames_short: dict[str, int] | None = None) -> None:
+                attempts: int = 0, raise_policy: bool = True, frames_short: dict[str, Any] | None = None) -> None:
         """Record an episode's final outcome; the failure policy applies here and nowhere else."""
         if results[index] is not None:
             return
@@ -276,10 +285,9 @@ class Scheduler:
             result = EpisodeScore(ok=True, value=score, score=score, attempts=attempts, latency_ms=latency_ms,
                                   response=answer, curve=curve[0] if curve else None, frames_short=frames_short)
             if frames_short is not None:
-                log.warning("episode %r was scored on %d frames where nframes and its %d steps allowed %d: the "
-                            "frame buffer kept every %d-th step (frame_stride, widened by buffer_frames)",
-                            episodes[index].task_text[:80], frames_short["sent"], frames_short["source_count"],
-                            frames_short["wanted"], frames_short["stride"])
+                log.warning("episode %r was scored on %d %s where %d were asked: %s", episodes[index].task_text[:80],
+                            frames_short["sent"], "curve points" if frames_short["why"] == "points" else "frames",
+                            frames_short["wanted"], _WHY_SHORT[frames_short["why"]].format(**frames_short))
         else:
             episode, policy = episodes[index], self.cfg.failure_policy
             code = getattr(outcome, "code", "error")

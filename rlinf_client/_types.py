@@ -48,7 +48,7 @@ class EpisodeScore:
     # Set when fewer frames were sent than nframes and the episode allowed, because the frame buffer
     # kept only every `stride`-th step (frame_stride, widened by buffer_frames):
     # {"wanted", "sent", "source_count", "stride"}. The proxy's answer sees only what was sent.
-    frames_short: dict[str, int] | None = None
+    frames_short: dict[str, Any] | None = None
 
     @property
     def fallback(self) -> bool:

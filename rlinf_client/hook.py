@@ -172,8 +172,9 @@ class LiberoVLMReward:
         marks the failures paid the native reward for want of a reference (env/vlm_no_reference).
         With reward_source: score, vlm_quality_alarm marks the episodes whose answer said quality
         alarm (env/vlm_quality_alarm: the alarmed share; progress answers carry no quality).
-        vlm_frames_short marks the episodes scored on fewer frames than nframes and the episode allowed
-        (the frame buffer's stride; env/vlm_frames_short: their share)."""
+        vlm_frames_short marks the episodes scored on fewer frames (or curve points) than asked and the
+        episode allowed: the frame buffer's stride, the backend's clamp, a short curve (the result's
+        frames_short says which; env/vlm_frames_short: their share)."""
         info = {"vlm_score": self.vlm_score.astype(np.float32), "vlm_fallback": self.vlm_fallback.astype(np.float32),
                 "vlm_frames_short": self.vlm_frames_short.astype(np.float32)}
         if self.config.reward_source == "progress":

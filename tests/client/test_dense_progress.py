@@ -108,3 +108,16 @@ def test_a_curve_that_fails_is_the_fallback_never_a_partial_curve(proxy_server, 
                    for t in range(1, 40)]
     assert rewards[-1] == 0.0 and hook.vlm_fallback[0] == 1.0 and hook.failures == 1
     assert hook.shaped_rewards(0) is None and hook.curves[0] is None
+
+
+def test_a_short_episode_gets_fewer_points_and_the_result_says_so(proxy_server, fake_qwen, caplog):
+    """Issue 39, item 5: an episode of 4 frames has 3 prefixes after its first frame; asked for 4
+    points, it gets 3, and the result, the client's stats and the log say so."""
+    fake_qwen.fake.state.reply_fn = _progress_reply
+    with RewardClient(_cfg(proxy_server)) as client:
+        result = client.score_episode(FRAMES[:4], TASK)
+        stats = client.stats.as_dict()
+    assert result.ok, result.error
+    assert len(result.curve) == 3
+    assert result.frames_short == {"wanted": 4, "sent": 3, "source_count": 4, "why": "points"}
+    assert stats["frames_short"] == 1 and "3 curve points where 4 were asked" in caplog.text
