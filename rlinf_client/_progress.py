@@ -63,10 +63,12 @@ async def progress_episodes(core: TransportCore, stats: ClientStats, episodes: l
     deadline = time.monotonic() + cfg.timeout
     outcomes: list[Outcome | None] = [None] * len(episodes)
     attempts = [0] * len(episodes)
+    short: list[dict[str, Any] | None] = [None] * len(episodes)  # what the frame buffer's stride left out
     for wave in _waves(task_keys):  # at most MAX_BODIES_IN_MEMORY bodies alive (a bigger task alone)
         bodies: list = [None] * len(episodes)
         for index, body in zip(wave, await _build_all([episodes[i] for i in wave], cfg), strict=True):
             bodies[index] = body
+            short[index] = getattr(body, "frames_short", None)
         try:
             _fail_tasks_without_all_bodies(bodies, task_keys, outcomes)
             requests = _pack([i for i in wave if outcomes[i] is None], task_keys, bodies)
@@ -77,8 +79,8 @@ async def progress_episodes(core: TransportCore, stats: ClientStats, episodes: l
                 if isinstance(body, ScoreRequestBody):
                     body.discard(cfg.keep_temp_video)
     latency_ms = (time.perf_counter() - started) * 1e3
-    results = [_settle(cfg, episode, outcome, n, latency_ms)  # type: ignore[arg-type]
-               for episode, outcome, n in zip(episodes, outcomes, attempts, strict=True)]
+    results = [_settle(cfg, episode, outcome, n, latency_ms, fewer)  # type: ignore[arg-type]
+               for episode, outcome, n, fewer in zip(episodes, outcomes, attempts, short, strict=True)]
     for result in results:
         stats.record(result)
     if cfg.failure_policy == "raise":
@@ -250,11 +252,14 @@ def _invalid(result: Any, metadata: dict[str, Any]) -> str | None:
 
 
 def _settle(cfg: RewardModelConfig, episode: Episode, outcome: Outcome, attempts: int,
-            latency_ms: float) -> EpisodeProgress:
+            latency_ms: float, frames_short: dict[str, Any] | None = None) -> EpisodeProgress:
     if isinstance(outcome, dict):
         progress = None if outcome["outcome"] == "no_reference" else float(outcome["progress"])
+        if frames_short is not None:
+            log.warning("episode %r was embedded on %d frames where %d were asked (why: %s)", episode.task_text[:80],
+                        frames_short["sent"], frames_short["wanted"], frames_short["why"])
         return EpisodeProgress(ok=True, value=progress, outcome=outcome["outcome"], progress=progress,
-                               attempts=attempts, latency_ms=latency_ms, response=outcome)
+                               attempts=attempts, latency_ms=latency_ms, response=outcome, frames_short=frames_short)
     policy = cfg.failure_policy
     # env_success: the simulator's flag, which this request carries anyway
     value = {"zero": 0.0, "env_success": float((episode.metadata or {})["env_success"]), "raise": None}[policy]

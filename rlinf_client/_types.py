@@ -75,6 +75,8 @@ class EpisodeProgress:
     attempts: int = 0
     latency_ms: float = 0.0
     response: dict[str, Any] | None = None  # the item's `result` (distance, reference, embedding, ...)
+    # fewer frames embedded than asked and the episode allowed, and why (as EpisodeScore.frames_short)
+    frames_short: dict[str, Any] | None = None
 
     @property
     def fallback(self) -> bool:

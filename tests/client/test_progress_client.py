@@ -9,6 +9,7 @@ import pytest
 from rlinf_client import (
     APIConnectionError,
     Episode,
+    EpisodeFrameBuffer,
     EpisodeMetadataError,
     RewardClient,
     ServiceUnavailableError,
@@ -250,3 +251,17 @@ def test_bodies_are_built_in_waves_of_whole_tasks(monkeypatch):
     results, _ = run(fake, [episode(e, t, e % 2 == 0) for e, t in enumerate(tasks)])
     assert [sorted({i["metadata"]["task_id"] for i in b["items"]}) for b in fake.batches] == [[1], [2], [3]]
     assert all(r.ok for r in results)
+
+
+def test_a_stride_that_leaves_out_frames_says_so_in_the_progress_result(caplog):
+    """Issue 39, item 5: run D's episodes go through the same frame buffer as /score's: an episode
+    embedded on fewer frames than nframes and its steps allowed says so (result, stats, log)."""
+    buffer = EpisodeFrameBuffer(capacity=0, stride=6)
+    for frame in tagged_frames(0, range(12)):
+        buffer.append(frame)
+    strided = Episode(buffer, "task 3", 0.0, metadata={"task_id": 3, "env_success": False})
+    results, stats = run(FakeProgressProxy(), [strided, episode(1, 3, True, steps=4)], frame_stride=6)
+    assert results[0].ok and results[0].frames_short == {"wanted": 4, "sent": 3, "source_count": 12, "stride": 6,
+                                                         "why": "stride"}
+    assert results[1].frames_short is None
+    assert stats.as_dict()["frames_short"] == 1 and "embedded on 3 frames where 4 were asked" in caplog.text
