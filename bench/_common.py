@@ -273,3 +273,15 @@ def write_json(path: str | Path, payload: dict) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2, default=str))
     return out
+
+
+def tree_cpu_seconds() -> float:
+    """CPU time of this process (all its threads) and of its live children (a process pool's workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(child.cpu_times()[:2])
+    return total

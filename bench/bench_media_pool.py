@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import json
 import multiprocessing
 import os
@@ -49,9 +48,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cv2  # noqa: E402
-import psutil  # noqa: E402
 
-from bench._common import LIMITS, env_info, write_json  # noqa: E402
+from bench._common import LIMITS, env_info, tree_cpu_seconds, write_json  # noqa: E402
 from proxy.media.encode import prepare_frames  # noqa: E402
 from tests.fakes.episodes import episode_frames, images_b64, npy_b64, write_mp4  # noqa: E402
 
@@ -109,14 +107,6 @@ def make_pool(mode: str, workers: int) -> cf.Executor:
     return pool
 
 
-def _cpu_seconds() -> float:
-    """CPU time of this process (all its threads) and of its live children (a process pool's workers)."""
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(child.cpu_times()[:2])
-    return total
 
 
 def saturate(pool: cf.Executor, source: dict, workers: int, seconds: float) -> tuple[float, float]:
@@ -125,7 +115,7 @@ def saturate(pool: cf.Executor, source: dict, workers: int, seconds: float) -> t
     for future in [pool.submit(episode, source) for _ in range(2 * workers)]:
         future.result()  # warm: codecs, page cache, pickling paths
     inflight = {pool.submit(episode, source) for _ in range(2 * workers)}
-    done_count, cpu0, start = 0, _cpu_seconds(), time.perf_counter()
+    done_count, cpu0, start = 0, tree_cpu_seconds(), time.perf_counter()
     deadline = start + seconds
     while True:
         done, inflight = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
@@ -136,7 +126,7 @@ def saturate(pool: cf.Executor, source: dict, workers: int, seconds: float) -> t
         if now >= deadline:
             break
         inflight |= {pool.submit(episode, source) for _ in done}
-    cores = (_cpu_seconds() - cpu0) / (now - start)
+    cores = (tree_cpu_seconds() - cpu0) / (now - start)
     cf.wait(inflight)
     return done_count / (now - start), cores
 

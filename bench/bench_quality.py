@@ -10,7 +10,6 @@ Prints a table, writes JSON to bench/results/bench_quality.json.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import write_json  # noqa: E402
 from proxy.audit import AuditLog  # noqa: E402
 from proxy.config import QualityConfig  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['window']:>7} {row['keys']:>5} {row['cpu_us_per_episode']:>15} {row['wall_us_per_episode']:>16} "
               f"{row['bytes_per_key_incl_metrics']:>10}")
-    out = ROOT / "bench" / "results" / "bench_quality.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=1))
+    out = write_json("bench/results/bench_quality.json", {"rows": rows})
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import write_json  # noqa: E402
 from proxy.config import QualityConfig  # noqa: E402
 from proxy.quality.restore import rebuild  # noqa: E402
 
@@ -94,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['keys']:>5} {r['window']:>6} {r['lines']:>7} {r['log_mb']:>6} {r['files']:>5} {r['wall_s']:>7} "
               f"{r['cpu_s']:>6} {r['lines_per_s']:>8} {r['peak_alloc_mb']:>8}")
-    out = ROOT / "bench" / "results" / "bench_restore.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=1))
+    out = write_json("bench/results/bench_restore.json", {"rows": rows})
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 

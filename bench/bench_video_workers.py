@@ -25,11 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import contextlib
 
-import psutil  # noqa: E402
 
-from bench._common import LIMITS, env_info, write_json  # noqa: E402
+from bench._common import LIMITS, env_info, tree_cpu_seconds, write_json  # noqa: E402
 from proxy.config.video_decoders import VideoDecodersConfig  # noqa: E402
 from proxy.media.budget import MediaCaps  # noqa: E402
 from proxy.media.decode_jobs import EpisodeJob  # noqa: E402
@@ -40,13 +38,6 @@ MODES = ("threads", "processes")
 CAPS = MediaCaps(512 * 2**20, 4096, 600.0)
 
 
-def _cpu_seconds() -> float:
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(child.cpu_times()[:2])
-    return total
 
 
 async def saturate(mode: str, workers: int, job: EpisodeJob, seconds: float) -> tuple[float, float]:
@@ -54,7 +45,7 @@ async def saturate(mode: str, workers: int, job: EpisodeJob, seconds: float) -> 
     executor = MediaExecutor(workers, CAPS, VideoDecodersConfig() if mode == "processes" else None)
     try:
         await asyncio.gather(*(executor.run_job(job) for _ in range(4 * workers)))  # warm: processes, codecs
-        done, cpu0, start = 0, _cpu_seconds(), time.perf_counter()
+        done, cpu0, start = 0, tree_cpu_seconds(), time.perf_counter()
         deadline = start + seconds
 
         async def lane() -> None:
@@ -65,7 +56,7 @@ async def saturate(mode: str, workers: int, job: EpisodeJob, seconds: float) -> 
 
         await asyncio.gather(*(lane() for _ in range(2 * workers)))
         elapsed = time.perf_counter() - start
-        return done / elapsed, (_cpu_seconds() - cpu0) / elapsed
+        return done / elapsed, (tree_cpu_seconds() - cpu0) / elapsed
     finally:
         await asyncio.to_thread(executor.close)
 
