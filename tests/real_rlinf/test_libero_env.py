@@ -140,6 +140,16 @@ def _yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
+def _shipped_block(overlay: Path) -> dict[str, Any]:
+    """An overlay's reward_model block as RLinf hands it to the env. Its `job` interpolates the
+    launch's log path and seed, which RLinf's full config resolves; the env built here has no
+    `runner` section, so it is resolved here as RLinf would resolve it."""
+    block = dict(_yaml(overlay)["env"]["train"]["reward_model"])
+    if isinstance(block.get("job"), str) and "${" in block["job"]:
+        block["job"] = "/tmp/rlinf-logs/real-rlinf-tier/seed=0"
+    return block
+
+
 def _proxy_settings(backends: dict[str, str], media_root: Path, audit: Path, *, real: bool = False,
                     embedders: dict[str, str] | None = None, references: Path | None = None,
                     views: dict[str, str] | None = None) -> Any:
@@ -167,7 +177,7 @@ def _proxy_settings(backends: dict[str, str], media_root: Path, audit: Path, *, 
 
 def _client_block(scenario: dict[str, Any], endpoint: str, media_root: Path) -> dict[str, Any]:
     overlay = OVERLAY_D if scenario.get("progress") else OVERLAY_B
-    block = dict(_yaml(overlay)["env"]["train"]["reward_model"])  # run B (or D) as shipped
+    block = _shipped_block(overlay)  # run B (or D) as shipped
     block.update({"endpoint": endpoint, "backend": scenario["name"], "timeout": 60, "max_retries": 1,
                   "temp_video_dir": str(media_root)})
     block.update(scenario.get("block", {}))
@@ -269,11 +279,11 @@ def tier(tmp_path_factory) -> Tier:
         plan_file, out = work / "plan.json", work / "result.npz"
         plan_file.write_text(json.dumps(specs))
         check_init = {"absent": "absent", "null": None, "enable_false": {"enable": False},
-                      "run_a": _yaml(OVERLAY_A)["env"]["train"]["reward_model"],
-                      "run_b": _yaml(OVERLAY_B)["env"]["train"]["reward_model"],
-                      "run_b_zero": {**_yaml(OVERLAY_B)["env"]["train"]["reward_model"],
+                      "run_a": _shipped_block(OVERLAY_A),
+                      "run_b": _shipped_block(OVERLAY_B),
+                      "run_b_zero": {**_shipped_block(OVERLAY_B),
                                      "fail_on_request_error": False, "fallback": "zero"},
-                      "run_d": _yaml(OVERLAY_D)["env"]["train"]["reward_model"]}
+                      "run_d": _shipped_block(OVERLAY_D)}
         proc = _run(python, ["--patched", "--unpatched-first", "--scenarios", str(plan_file), "--out", str(out),
                              "--check-init", json.dumps(check_init)], log)
         result = _finish(proc, out, log, "the", time.monotonic() + RUN_TIMEOUT_S)
