@@ -140,13 +140,16 @@ def _yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
 
+TIER_JOB = "/tmp/rlinf-logs/real-rlinf-tier/seed=0"  # what RLinf resolves the overlays' job to, for this tier
+
+
 def _shipped_block(overlay: Path) -> dict[str, Any]:
     """An overlay's reward_model block as RLinf hands it to the env. Its `job` interpolates the
     launch's log path and seed, which RLinf's full config resolves; the env built here has no
     `runner` section, so it is resolved here as RLinf would resolve it."""
     block = dict(_yaml(overlay)["env"]["train"]["reward_model"])
     if isinstance(block.get("job"), str) and "${" in block["job"]:
-        block["job"] = "/tmp/rlinf-logs/real-rlinf-tier/seed=0"
+        block["job"] = TIER_JOB
     return block
 
 
@@ -217,7 +220,9 @@ def _finish(proc: subprocess.Popen, out: Path, log: Path, what: str, deadline: f
 
 
 def _audit_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The episodes' lines of an audit log (the monitor's own lines, written at a clean stop, carry no metadata)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [line for line in lines if isinstance(line.get("metadata"), dict | list)]
 
 
 @pytest.fixture(scope="module")
@@ -711,7 +716,9 @@ def test_run_d_sends_the_real_env_task_ids_and_success_flags(tier):
             meta, end = line["metadata"], _end_step(ep, env)
             assert meta["task_id"] == ep["task_ids"][env], (name, env, meta)
             assert meta["env_success"] is bool(ep["terminations"][end - 1][env]), (name, env)
-            assert meta["step"] == end and meta["run"] == "runD_srpo"
+            # the run's one identity: the overlay's run and a digest of this launch's job
+            identity = "runD_srpo-" + hashlib.sha256(TIER_JOB.encode()).hexdigest()[:10]
+            assert meta["step"] == end and meta["run"] == identity
             assert str(meta["episode_id"]).startswith(f"env{env}-ep")
             assert line["task_text"] == TASKS[env]
             assert line["frames"]["count"] == min(16, end + 1)
