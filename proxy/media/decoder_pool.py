@@ -58,10 +58,15 @@ class _Worker:
         finally:
             child.close()
         self.tasks = 0
+        self.killed = False  # a killed worker is never given a job again, reaped or not
 
     def kill(self) -> None:
+        self.killed = True
         with contextlib.suppress(OSError, ValueError):
             self.process.kill()
+
+    def usable(self) -> bool:
+        return not self.killed and self.process.is_alive()
 
     def close(self, *, kill: bool = False) -> None:
         """Stop the process (closing its pipe ends its loop; `kill` for one that may be busy) and reap it."""
@@ -148,19 +153,29 @@ class DecoderPool:
         return ("signal", f"exited (status {code}) while decoding it")
 
     def _take(self) -> _Worker:
-        with self._lock:
-            if self._closed:
-                raise ProxyError("the media pool is closed")
-            if self._idle:
-                return self._idle.pop()
-            if not self.started:
-                self._context.set_forkserver_preload(_PRELOAD)
-            self.started += 1
+        """An idle worker that is still alive, else a new one: a worker that died while idle (the
+        kernel's out-of-memory killer, an operator) is replaced, never blamed on the next file."""
+        dead = []
+        try:
+            with self._lock:
+                if self._closed:
+                    raise ProxyError("the media pool is closed")
+                while self._idle:
+                    worker = self._idle.pop()
+                    if worker.usable():
+                        return worker
+                    dead.append(worker)
+                if not self.started:
+                    self._context.set_forkserver_preload(_PRELOAD)
+                self.started += 1
+        finally:
+            for worker in dead:
+                worker.close(kill=True)
         return _Worker(self._context, self.config)
 
     def _give_back(self, worker: _Worker, keep: bool) -> None:
         worker.tasks += 1
-        if keep and worker.tasks < self.config.tasks_per_process and worker.process.is_alive():
+        if keep and worker.tasks < self.config.tasks_per_process and worker.usable():
             with self._lock:
                 if not self._closed:
                     self._idle.append(worker)

@@ -19,6 +19,7 @@ import tomllib
 from collections.abc import Iterator
 
 import cv2
+import psutil
 import pytest
 
 from proxy.media.decoder_process import CRASH_HOOK_ENV
@@ -106,3 +107,21 @@ def test_the_bundled_ffmpeg_is_a_known_one():
     assert avformat is not None and int(avformat.group(1)) >= 62  # FFmpeg 8's libavformat
     pinned = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["server"]
     assert any(req.startswith("opencv-python-headless>=" + ".".join(map(str, OPENCV_FLOOR))) for req in pinned)
+
+
+def test_a_decoder_that_died_while_idle_is_replaced_not_blamed_on_the_next_file(stack):
+    """An idle decoder killed from outside (the kernel's out-of-memory killer, an operator): the next
+    video is decoded by a fresh process and answers 200; its file is not refused."""
+    episode = write_mp4(stack.media / "after-idle-death.mp4", episode_frames(12, 64, 64))
+    assert stack.score(episode).status_code == 200  # a decoder is started and left idle
+    # The decoders are the forkserver's children (the forkserver itself must live on to fork more).
+    servers = [p for p in psutil.Process(stack.proxy.proc.pid).children(recursive=True)
+               if "forkserver" in " ".join(p.cmdline())]
+    decoders = [child for server in servers for child in server.children()]
+    assert decoders, "no decoder process was left idle"
+    for decoder in decoders:
+        decoder.kill()
+    psutil.wait_procs(decoders, timeout=HANG_S)
+    for _ in range(WORKERS + 1):  # whichever idle process each request would have taken
+        response = stack.score(episode)
+        assert response.status_code == 200, response.text
