@@ -56,6 +56,10 @@ def visible_quality(scope: RunScope | None, snapshot: dict[str, Any]) -> dict[st
     cut = dict(snapshot)
     if "keys" in snapshot:
         cut["keys"] = [k for k in snapshot["keys"] if scope.allows(k.get("key", {}).get("run"))]
+    if "cascades" in snapshot:
+        cut["cascades"] = [c for c in snapshot["cascades"] if scope.allows(c.get("key", {}).get("run"))]
+    if "restore" in snapshot:  # its counts are every run's: a limited key gets whether and from where only
+        cut["restore"] = {k: v for k, v in snapshot["restore"].items() if k not in ("keys", "alarms")}
     if "alarms" in snapshot:
         cut["alarms"] = [a for a in snapshot["alarms"] if scope.allows(a.get("run"))]
         if snapshot.get("status") == "alarm" and not cut["alarms"]:

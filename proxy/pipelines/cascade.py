@@ -93,7 +93,8 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
             try:
                 answer = await _stage(services, request, backend, frames, requested, left)
             except UpstreamTimeout:
-                if index == 0 or cfg.on_deadline == "error":
+                # The rule is for the caller's budget: a replica's own timeout without one is an error.
+                if index == 0 or cfg.on_deadline == "error" or ends is None:
                     raise
                 stopped = "deadline"
                 break
@@ -120,8 +121,6 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
         response = final.model_copy(update={
             "backend": state.name, "usage": usage, "attempts": sum(a.attempts for a in answers),
             "cascade": info, "timings_ms": {**final.timings_ms, "total": round(total_s * 1e3, 3)}})
-        for stage in ran:
-            envelope.observe_as(stage_label(state.name, stage.backend), stage.score)
         envelope.observe_cascade(ran, cfg.threshold, stopped)
         _count_audit(services, state, ran)
         line = {**envelope.describe(), "model": response.model, "score": response.score,
@@ -131,8 +130,12 @@ async def _through_stages(services: Services, request: ScoreRequest, state: Casc
                 "frame_store": stored, "usage": usage, "final_stage": final.backend, "stopped": stopped,
                 "attempts": response.attempts, "timings_ms": response.timings_ms}
         response.quality = envelope.done(line, score=response.score, seconds=total_s)
-        if batch is None:
-            state.note_single(len(ran) > 1)
+        # Each stage's own key, after the episode's line: an alarm a stage raises follows the line
+        # that carries its score, as a restart reads them back.
+        for stage in ran:
+            envelope.observe_as(stage_label(state.name, stage.backend), stage.score)
+        if batch is None and not any(stage.went_on in ("band", "disagree") for stage in ran):
+            state.note_single()
         return response
 
 

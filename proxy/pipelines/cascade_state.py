@@ -32,15 +32,22 @@ class CascadeState:
     seconds: dict[str, deque[float]] = field(default_factory=dict)  # by stage backend
 
     def allow_single(self) -> bool:
-        """A single call in doubt may go on while the window's share that went on is under the cap."""
+        """A single call in doubt may go on while the window's share that went on is under the cap.
+        An allowed one takes its place at once, so calls in doubt at the same moment cannot all
+        pass the same check."""
         now = time.monotonic()
         while self.window and self.window[0][0] < now - self.config.window_s:
             self.window.popleft()
         went_on = sum(on for _, on in self.window)
-        return went_on < self.config.max_escalated_fraction * (len(self.window) + 1)
+        allowed = went_on < self.config.max_escalated_fraction * (len(self.window) + 1)
+        if allowed:
+            self.window.append((now, True))
+        return allowed
 
-    def note_single(self, went_on: bool) -> None:
-        self.window.append((time.monotonic(), went_on))
+    def note_single(self) -> None:
+        """A single call that went on for no doubt of its own (it was sure, or audited: audits are
+        outside the cap)."""
+        self.window.append((time.monotonic(), False))
 
     def took(self, stage: str, seconds: float) -> None:
         recent = self.seconds.setdefault(stage, deque(maxlen=RECENT_SECONDS))

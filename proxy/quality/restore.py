@@ -146,12 +146,13 @@ def _episode_events(record: dict[str, Any], metadata: dict[str, Any]) -> list[tu
         return None  # failed before any reply: the monitor never saw it
     task_text = str(record.get("task_text") or "")
     final = ("episode", quality_key(record["backend"], task_text, metadata), score, metadata["env_success"], metadata)
-    stages = (record.get("cascade") or {}).get("stages") or []
-    # A cascade's stages went to the monitor before its final score, each under its own key.
-    return [*(("episode", quality_key(stage_label(record["backend"], stage["backend"]), task_text, metadata),
-               float(stage["score"]), metadata["env_success"], metadata)
-              for stage in stages if isinstance(stage, dict) and isinstance(stage.get("backend"), str)
-              and _number(stage.get("score"))), final]
+    # A cascade's stages went to the monitor only when the episode was answered.
+    stages = [] if "error" in record else (record.get("cascade") or {}).get("stages") or []
+    # A cascade's stages go to the monitor after its final score, each under its own key.
+    return [final, *(("episode", quality_key(stage_label(record["backend"], stage["backend"]), task_text, metadata),
+                      float(stage["score"]), metadata["env_success"], metadata)
+                     for stage in stages if isinstance(stage, dict) and isinstance(stage.get("backend"), str)
+                     and _number(stage.get("score")))]
 
 
 def _number(value: Any) -> bool:
